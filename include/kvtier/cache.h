@@ -1,0 +1,176 @@
+// Cache: the facade an inference engine calls.
+//
+//   Lookup(tokens)         -> which leading blocks are cached and where (and pins them)
+//   Load(lookup, buffers)  -> copies them into the engine's blocks; failures -> recompute
+//   Store(tokens, blocks)  -> writes new full blocks down the tiers (write-through), or into the
+//                             first tier only with write-back of victims on eviction
+//
+// Every failure is per block: Load reports how many leading blocks it delivered and the caller
+// recomputes the rest; nothing here crashes or serves a block that failed its checksum.
+//
+// Thread-safety: every method may be called concurrently. Ownership: the Cache owns its tiers
+// (shared with the caller when TierSpec::instance was given); a LookupResult's pins must be
+// released (destroyed) before the Cache is.
+#ifndef KVTIER_CACHE_H_
+#define KVTIER_CACHE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/events.h"
+#include "kvtier/index.h"
+#include "kvtier/layout.h"
+#include "kvtier/policy.h"
+#include "kvtier/status.h"
+#include "kvtier/tier.h"
+
+namespace kvtier {
+
+enum class WriteMode : uint8_t {
+  kWriteThrough,  // Store writes every tier (each tier's admission decides)
+  kWriteBack,     // Store writes the first tier; a victim moves to the next tier on eviction
+};
+std::string_view WriteModeName(WriteMode mode);
+
+struct TierSpec {
+  std::string kind;               // "device", "host", "metadata" (+ "disk", "remote" when built)
+  std::string name;               // defaults to kind
+  uint64_t capacity_bytes = 0;    // required, > 0, at least one block
+  int threads = 1;                // copy threads for host/device tiers (1..64)
+  std::string eviction = "lru";   // for cache-managed tiers: see EvictionPolicyNames()
+  AdmissionOptions admission;
+  std::map<std::string, std::string> params;  // kind-specific settings (path, url, ...)
+  std::shared_ptr<Tier> instance;             // a pre-built tier; kind is then ignored
+};
+
+struct CacheOptions {
+  KvLayout layout;
+  std::string model_id = "default";
+  std::string tenant;     // the default namespace; a request may name another
+  std::string lora_id;
+  std::vector<TierSpec> tiers;  // fastest first; at most kMaxTiers
+  WriteMode write_mode = WriteMode::kWriteThrough;
+  bool promote_on_load = true;    // a block loaded from a lower tier is copied into the first
+  bool verify_checksums = true;   // checksum on Store; verify loads from verify_on_load tiers
+  KvEventCallback on_event;
+
+  // OK, or InvalidArgument naming the field ("tiers[1].capacity_bytes: must be > 0").
+  Status Validate() const;
+};
+
+struct RequestOptions {
+  std::string tenant;    // empty = CacheOptions::tenant
+  std::string lora_id;   // empty = CacheOptions::lora_id
+  uint64_t session_id = 0;
+};
+
+struct LookupResult {
+  std::vector<BlockKey> keys;   // keys of every full block of the request
+  uint32_t hit_blocks = 0;      // leading blocks that can be loaded
+  std::vector<int8_t> source;   // source[i] (i < hit_blocks): tier to load block i from
+  std::array<uint32_t, kMaxTiers> blocks_by_tier{};  // hit blocks per source tier
+  PinSet pins;                  // keeps the hit blocks resident until released
+  uint32_t block_tokens = 0;
+  uint64_t hit_tokens() const { return uint64_t{hit_blocks} * block_tokens; }
+};
+
+struct LoadResult {
+  uint32_t loaded_blocks = 0;   // leading blocks delivered; recompute from here on
+  std::vector<Status> block_status;  // per requested block
+  uint64_t bytes = 0;
+};
+
+struct StoreResult {
+  uint32_t stored_blocks = 0;   // blocks newly written to at least one tier
+  uint32_t present_blocks = 0;  // already resident (touched, not copied)
+  uint32_t failed_blocks = 0;
+  Status first_error;           // the first failure, for logs
+};
+
+struct CacheStats {
+  struct PerTier {
+    std::string name;
+    TierKind kind = TierKind::kHost;
+    TierStats tier;
+    uint64_t resident_blocks = 0;
+    uint64_t hit_blocks = 0;     // blocks served by Lookup+Load from this tier
+    uint64_t evictions = 0;
+    uint64_t writebacks = 0;     // victims moved down on eviction
+    uint64_t rejected = 0;       // refused by admission
+    uint64_t corruptions = 0;    // loads that failed verification
+  };
+  std::vector<PerTier> tiers;
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t loads = 0;
+  uint64_t load_failed_blocks = 0;  // became recompute
+  uint64_t stores = 0;
+  uint64_t stored_blocks = 0;
+  Histogram::Snapshot lookup_latency_ns;
+  Histogram::Snapshot load_latency_ns;
+  Histogram::Snapshot store_latency_ns;
+};
+
+class Cache {
+ public:
+  // Builds the tiers and policies. InvalidArgument for bad options (naming the key); the
+  // error of a tier that failed to open otherwise.
+  static Result<std::unique_ptr<Cache>> Open(CacheOptions options);
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  const KvLayout& layout() const;
+  int num_tiers() const;
+  Tier& tier(int index);
+
+  // The namespace root of a request.
+  BlockKey Root(const RequestOptions& request = {}) const;
+
+  // Hashes tokens' full blocks and finds the longest loadable prefix; pins it.
+  Result<LookupResult> Lookup(std::span<const TokenId> tokens, const RequestOptions& request = {});
+  // Same, for a chain the caller hashed (e.g. incrementally with PrefixHasher).
+  Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
+                                  const RequestOptions& request = {});
+
+  // Copies lookup's first dst.size() hit blocks (dst.size() <= hit_blocks) into dst.
+  // InvalidArgument when dst is longer than hit_blocks or a buffer has the wrong size.
+  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst);
+
+  // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
+  // more blocks than full blocks in tokens, or a buffer has the wrong size.
+  Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
+                            uint32_t first_block = 0, const RequestOptions& request = {});
+  // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
+  Result<StoreResult> StoreKeys(std::span<const BlockKey> keys,
+                                std::span<const ConstBlock> blocks, uint32_t first_block = 0,
+                                const RequestOptions& request = {});
+
+  // Session lifecycle hints for session-aware policies.
+  void NotifySession(uint64_t session_id, SessionEvent event);
+
+  CacheStats stats() const;
+  // Prometheus text exposition format (version 0.0.4) of stats().
+  std::string PrometheusText() const;
+
+  class Impl;
+
+ private:
+  explicit Cache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Makes a tier from a spec (the built-in kinds). InvalidArgument for an unknown kind or a bad
+// param, naming it.
+Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout);
+std::vector<std::string> TierKindNames();
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CACHE_H_

@@ -1,0 +1,91 @@
+// Eviction and admission policies.
+//
+// An EvictionPolicy orders the blocks resident in one tier and names the next victim. It only
+// tracks keys; the Cache (or the simulator) owns the bytes and the index. Policies see every
+// resident key: OnInsert once when it becomes resident, OnAccess on each hit, OnErase when it
+// leaves other than through PickVictim.
+//
+// Chains: a block helps only while all blocks before it are resident, so callers touch a
+// request's blocks last-to-first (the head is then the most recent) and the tail goes first.
+//
+// Thread-safety: none. The owner serializes calls (the Cache holds a per-tier mutex).
+#ifndef KVTIER_POLICY_H_
+#define KVTIER_POLICY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+// What an agentic server knows about a block's owner, for policies that use it.
+struct AccessHint {
+  uint64_t session_id = 0;   // 0 = unknown
+  uint32_t position = 0;     // block index in its request's chain
+  double now_s = 0;          // the caller's clock
+};
+
+enum class SessionEvent : uint8_t {
+  kThinking,   // waiting on the client or a tool call: will come back
+  kActive,     // a request of the session is running
+  kFinished,   // the session or sub-agent ended: its private blocks will not return
+  kReset,      // the context was reset: old blocks will not return
+};
+
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual void OnInsert(const BlockKey& key, const AccessHint& hint) = 0;
+  virtual void OnAccess(const BlockKey& key, const AccessHint& hint) = 0;
+  virtual void OnErase(const BlockKey& key) = 0;
+  // Removes and returns the next victim for which evictable(key) is true (pinned blocks are
+  // skipped and keep their place). nullopt when none qualifies.
+  virtual std::optional<BlockKey> PickVictim(
+      const std::function<bool(const BlockKey&)>& evictable) = 0;
+  virtual size_t size() const = 0;
+  // Session lifecycle hints; policies that ignore them keep this default.
+  virtual void OnSessionEvent(uint64_t /*session_id*/, SessionEvent /*event*/, double /*now_s*/) {}
+};
+
+// "lru", "s3fifo", "arc". capacity_blocks sizes the ghost lists of S3-FIFO and ARC.
+// InvalidArgument names the unknown policy and lists the known ones.
+Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
+                                                           uint64_t capacity_blocks);
+std::vector<std::string> EvictionPolicyNames();
+
+// Whether a tier takes a block offered to it.
+struct AdmissionOptions {
+  enum class Kind : uint8_t { kAlways, kMinPrefixTokens, kAfterNHits };
+  Kind kind = Kind::kAlways;
+  uint64_t min_prefix_tokens = 0;  // kMinPrefixTokens: admit only requests this long
+  uint32_t hits = 2;               // kAfterNHits: admit on the Nth time a key is offered
+  Status Validate() const;
+};
+std::string_view AdmissionKindName(AdmissionOptions::Kind kind);
+std::optional<AdmissionOptions::Kind> ParseAdmissionKind(std::string_view name);
+
+// Thread-safety: none; the owner serializes calls.
+class AdmissionPolicy {
+ public:
+  explicit AdmissionPolicy(AdmissionOptions options);
+  // Decides for one block of a request whose prompt has prefix_tokens tokens.
+  bool Admit(const BlockKey& key, uint64_t prefix_tokens);
+
+ private:
+  AdmissionOptions options_;
+  // Counts of offers for kAfterNHits, in a bounded table: old counts are forgotten.
+  std::vector<std::pair<BlockKey, uint32_t>> counts_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_POLICY_H_

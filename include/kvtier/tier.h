@@ -1,0 +1,139 @@
+// Tier: one storage level for KV blocks (device, host DRAM, disk, remote, metadata-only).
+//
+// Public methods are non-virtual: they check arguments, time the call and keep stats, then call
+// the protected ...Impl virtuals that implementations provide. All calls are batched; each block
+// gets its own Status in `results` (a failure of one block never fails the batch).
+//
+// Residency: for a tier whose capabilities().managed_by_cache is true, the Cache decides what is
+// evicted (by policy, respecting pins) and calls Erase; Put into a full tier fails with
+// ResourceExhausted. A self-managed tier (disk segments, Redis maxmemory) evicts on its own and
+// reports removals through the removal listener.
+//
+// Thread-safety: every public method may be called concurrently from any thread.
+// Ownership: the tier never keeps a caller's buffers past the call.
+#ifndef KVTIER_TIER_H_
+#define KVTIER_TIER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvtier/block_key.h"
+#include "kvtier/layout.h"
+#include "kvtier/metrics.h"
+#include "kvtier/status.h"
+
+namespace kvtier {
+
+enum class TierKind : uint8_t { kDevice, kHost, kDisk, kRemote, kMetadata };
+std::string_view TierKindName(TierKind kind);
+
+using ConstBlock = std::span<const std::byte>;
+using MutableBlock = std::span<std::byte>;
+
+struct TierCapabilities {
+  bool stores_bytes = true;       // false for MetadataTier: Get copies nothing.
+  bool managed_by_cache = true;   // false: the tier evicts by itself and notifies.
+  bool authoritative = true;      // false: others may add or drop blocks (shared remote);
+                                  // the index is a hint and Lookup asks Exists.
+  bool persistent = false;        // survives a process restart.
+  bool shared = false;            // other processes see the same blocks.
+  bool verify_on_load = false;    // bytes come from outside this process: verify checksums.
+};
+
+struct TierStats {
+  uint64_t puts = 0;          // blocks stored
+  uint64_t put_bytes = 0;
+  uint64_t put_failures = 0;
+  uint64_t gets = 0;          // blocks asked for
+  uint64_t hits = 0;          // blocks returned
+  uint64_t misses = 0;        // NotFound
+  uint64_t get_failures = 0;  // other errors (Corruption, Unavailable, ...)
+  uint64_t get_bytes = 0;
+  uint64_t erases = 0;
+  uint64_t used_bytes = 0;
+  uint64_t capacity_bytes = 0;
+  Histogram::Snapshot put_latency_ns;  // per batch
+  Histogram::Snapshot get_latency_ns;  // per batch
+};
+
+class Tier {
+ public:
+  using RemovalListener = std::function<void(std::span<const BlockKey>)>;
+
+  virtual ~Tier();
+  Tier(const Tier&) = delete;
+  Tier& operator=(const Tier&) = delete;
+
+  const std::string& name() const { return name_; }
+  TierKind kind() const { return kind_; }
+  const KvLayout& layout() const { return layout_; }
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t capacity_blocks() const { return capacity_bytes_ / block_bytes_; }
+  uint64_t used_bytes() const { return UsedBytesImpl(); }
+  TierCapabilities capabilities() const { return CapabilitiesImpl(); }
+
+  // Stores blocks[i] under keys[i] (overwriting an existing key). Each block must be exactly
+  // block_bytes() long. Returns InvalidArgument (and touches nothing) when the spans' sizes
+  // differ; otherwise OK, with results[i] per block: OK, InvalidArgument (wrong size),
+  // ResourceExhausted (no room), Unavailable (tier down).
+  Status Put(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+             std::span<Status> results);
+
+  // Copies the block of keys[i] into out[i] (exactly block_bytes() long). results[i]: OK,
+  // NotFound (a miss), Corruption (bytes failed verification; the tier dropped them),
+  // Unavailable, InvalidArgument (wrong size). Same whole-call contract as Put.
+  Status Get(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+             std::span<Status> results);
+
+  // out[i] = whether keys[i] is resident. Non-OK (Unavailable) when the tier cannot answer.
+  Status Exists(std::span<const BlockKey> keys, std::span<bool> out);
+
+  // Removes keys; absent keys are ignored.
+  Status Erase(std::span<const BlockKey> keys);
+
+  TierStats stats() const;
+
+  // Called (from any thread) with keys the tier dropped on its own. Set before use.
+  void SetRemovalListener(RemovalListener listener);
+
+ protected:
+  Tier(std::string name, TierKind kind, const KvLayout& layout, uint64_t capacity_bytes);
+
+  virtual void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                       std::span<Status> results) = 0;
+  virtual void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+                       std::span<Status> results) = 0;
+  virtual Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) = 0;
+  virtual Status EraseImpl(std::span<const BlockKey> keys) = 0;
+  virtual uint64_t UsedBytesImpl() const = 0;
+  virtual TierCapabilities CapabilitiesImpl() const = 0;
+
+  // For self-managed tiers: report keys dropped without an Erase call.
+  void NotifyRemoved(std::span<const BlockKey> keys);
+
+ private:
+  const std::string name_;
+  const TierKind kind_;
+  const KvLayout layout_;
+  const uint64_t block_bytes_;
+  const uint64_t capacity_bytes_;
+
+  std::mutex listener_mu_;
+  RemovalListener listener_;
+
+  std::atomic<uint64_t> puts_{0}, put_bytes_{0}, put_failures_{0};
+  std::atomic<uint64_t> gets_{0}, hits_{0}, misses_{0}, get_failures_{0}, get_bytes_{0};
+  std::atomic<uint64_t> erases_{0};
+  Histogram put_latency_;
+  Histogram get_latency_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_TIER_H_

@@ -1,0 +1,88 @@
+// kvtier: the command-line tool. Subcommands register themselves (command.h).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+
+#include "command.h"
+
+namespace kvtier::cli {
+
+std::vector<CommandSpec>& Commands() {
+  static std::vector<CommandSpec> commands;
+  return commands;
+}
+
+bool RegisterCommand(CommandSpec spec) {
+  Commands().push_back(std::move(spec));
+  return true;
+}
+
+static double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Progress::Progress(std::string label) : label_(std::move(label)), start_s_(NowS()) {
+  const char* env = std::getenv("KVTIER_PROGRESS");
+  enabled_ = env ? std::string(env) == "1" : isatty(STDERR_FILENO) != 0;
+}
+
+Progress::~Progress() {
+  if (printed_) std::fprintf(stderr, "\n");
+}
+
+void Progress::Update(double done, double total) {
+  if (!enabled_) return;
+  double now = NowS();
+  if (now - start_s_ < 1.0 || now - last_s_ < 0.5) return;
+  last_s_ = now;
+  double frac = total > 0 ? done / total : 0;
+  double eta = frac > 0 ? (now - start_s_) * (1 - frac) / frac : 0;
+  std::fprintf(stderr, "\r%s: %5.1f%%  %.0fs elapsed, ~%.0fs left   ", label_.c_str(),
+               100 * frac, now - start_s_, eta);
+  std::fflush(stderr);
+  printed_ = true;
+}
+
+}  // namespace kvtier::cli
+
+int main(int argc, char** argv) {
+  using kvtier::cli::Commands;
+  CLI::App app{
+      "kvtier: KV-cache offload for LLM inference - host DRAM, SSD and shared remote tiers.\n"
+      "Run 'kvtier COMMAND --help' for a command's options."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", KVTIER_VERSION);
+
+  std::map<std::string, CLI::App*> nodes;  // "bench" -> its App
+  kvtier::cli::RunFn chosen;
+  int exit_code = 0;
+  for (auto& spec : Commands()) {
+    CLI::App* parent = &app;
+    std::string key;
+    for (size_t i = 0; i + 1 < spec.path.size(); ++i) {
+      key += "/" + spec.path[i];
+      auto it = nodes.find(key);
+      if (it == nodes.end()) {
+        CLI::App* sub = parent->add_subcommand(spec.path[i], spec.path[i] + " commands");
+        sub->require_subcommand(1);
+        it = nodes.emplace(key, sub).first;
+      }
+      parent = it->second;
+    }
+    CLI::App* sub = parent->add_subcommand(spec.path.back(), spec.description);
+    auto run = std::make_shared<kvtier::cli::RunFn>(spec.setup(sub));
+    sub->callback([run, &chosen] { chosen = *run; });
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (chosen) exit_code = chosen();
+  return exit_code;
+}
