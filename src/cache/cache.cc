@@ -22,9 +22,11 @@ std::string TierField(size_t i, const char* field) {
   return "tiers[" + std::to_string(i) + "]." + field;
 }
 
-// Per-thread scratch for victims moved down on write-back.
-std::vector<std::byte>& VictimBuffer(size_t bytes) {
-  thread_local std::vector<std::byte> buf;
+// Per-thread scratch for victims moved down on write-back, one per tier: moving a victim
+// down can evict from the tier below, recursively, and each level needs its own buffer.
+std::vector<std::byte>& VictimBuffer(int tier, size_t bytes) {
+  thread_local std::array<std::vector<std::byte>, kMaxTiers> bufs;
+  std::vector<std::byte>& buf = bufs[tier];
   if (buf.size() < bytes) buf.resize(bytes);
   return buf;
 }
@@ -408,6 +410,9 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
   while (st.policy->size() + need > cap) {
     std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
     if (!victim) break;
+    // Read the entry first: removing the last tier drops it, checksum and all.
+    IndexEntry e;
+    const bool known = index_.Get(*victim, &e);
     if (!index_.TryRemoveUnpinned(*victim, st.index)) {
       // Pinned since the policy looked: it stays resident.
       st.policy->OnInsert(*victim, AccessHint{});
@@ -418,15 +423,14 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
     if (options_.write_mode == WriteMode::kWriteBack &&
         st.index + 1 < static_cast<int>(tiers_.size()) && st.caps.stores_bytes) {
       TierState& below = *tiers_[st.index + 1];
-      IndexEntry e;
-      const bool already = index_.Get(*victim, &e) && (e.tiers & (TierMask{1} << below.index));
+      const bool already = known && (e.tiers & (TierMask{1} << below.index));
       if (!already) {
-        std::vector<std::byte>& buf = VictimBuffer(block_bytes);
+        std::vector<std::byte>& buf = VictimBuffer(st.index, block_bytes);
         const MutableBlock b[1] = {MutableBlock(buf.data(), block_bytes)};
         Status s[1];
         if (st.tier->Get(k, b, s).ok() && s[0].ok()) {
           const ConstBlock cb[1] = {ConstBlock(buf.data(), block_bytes)};
-          const uint64_t cs[1] = {index_.Get(*victim, &e) ? e.checksum : 0};
+          const uint64_t cs[1] = {known ? e.checksum : 0};
           Status ws[1];
           uint32_t stored = 0;
           StoreToTier(below, k, cb, cs, 0, ws, &stored, events);

@@ -83,7 +83,10 @@ bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {
   ReaderLock lock(&s.mu);
   const IndexEntry* e = s.map.Find(key);
   if (!e) return false;
-  *entry = *e;
+  // Field by field: pins may be changing under another shared holder.
+  entry->tiers = e->tiers;
+  entry->size = e->size;
+  entry->checksum = e->checksum;
   entry->pins = AtomicLoad(e->pins);
   return true;
 }
