@@ -9,7 +9,6 @@ namespace kvtier {
 namespace {
 // Keys per chunk of Match: the shard locks are taken once per chunk.
 constexpr size_t kMatchChunk = 16384;
-constexpr int kPrefetchAhead = 8;
 
 uint32_t AtomicAdd(uint32_t& v, int32_t delta) {
   return std::atomic_ref<uint32_t>(v).fetch_add(static_cast<uint32_t>(delta),
@@ -115,10 +114,6 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
     const size_t end = std::min(chain.size(), base + kMatchChunk);
     for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
     for (size_t i = base; i < end; ++i) {
-      if (i + kPrefetchAhead < end) {
-        const BlockKey& ahead = chain[i + kPrefetchAhead];
-        shard_of(ahead).map.Prefetch(ahead);
-      }
       IndexEntry* e = shard_of(chain[i]).map.Find(chain[i]);
       const TierMask m = e ? e->tiers : 0;
       if (m == 0) {
