@@ -5,18 +5,11 @@
 #include <chrono>
 #include <set>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace kvtier {
 namespace {
-
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double NowS() { return static_cast<double>(NowNs()) * 1e-9; }
 
 std::string TierField(size_t i, const char* field) {
   return "tiers[" + std::to_string(i) + "]." + field;
@@ -192,7 +185,7 @@ class Cache::Impl {
 
 Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
                                              const RequestOptions& request) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   LookupResult r;
   r.block_tokens = options_.layout.block_tokens;
   r.keys.assign(keys.begin(), keys.end());
@@ -243,7 +236,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   // A hit refreshes recency: last to first, so a chain's head ends most recent.
   AccessHint hint;
   hint.session_id = request.session_id;
-  hint.now_s = NowS();
+  hint.now_s = MonotonicSeconds();
   for (auto& st : tiers_) {
     if (!st->caps.managed_by_cache) continue;
     const TierMask bit = TierMask{1} << st->index;
@@ -258,7 +251,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   lookups_.fetch_add(1, std::memory_order_relaxed);
   lookup_blocks_.fetch_add(keys.size(), std::memory_order_relaxed);
   hit_blocks_.fetch_add(hit, std::memory_order_relaxed);
-  lookup_latency_.Record(NowNs() - t0);
+  lookup_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
@@ -279,7 +272,7 @@ void Cache::Impl::DropBlock(TierState& st, const BlockKey& key) {
 
 Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
                                      std::span<const MutableBlock> dst) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (dst.size() > lookup.hit_blocks)
     return Status::InvalidArgument("Load: " + std::to_string(dst.size()) +
@@ -398,7 +391,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
     }
   }
   loads_.fetch_add(1, std::memory_order_relaxed);
-  load_latency_.Record(NowNs() - t0);
+  load_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
@@ -532,7 +525,7 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
 Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
                                            std::span<const ConstBlock> blocks, uint32_t first_block,
                                            const RequestOptions&) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (keys.size() != blocks.size())
     return Status::InvalidArgument("Store: " + std::to_string(keys.size()) + " keys but " +
@@ -583,12 +576,12 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
   }
   stores_.fetch_add(1, std::memory_order_relaxed);
   stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);
-  store_latency_.Record(NowNs() - t0);
+  store_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
 void Cache::Impl::NotifySession(uint64_t session_id, SessionEvent event) {
-  const double now = NowS();
+  const double now = MonotonicSeconds();
   for (auto& st : tiers_) {
     MutexLock lock(&st->mu);
     st->policy->OnSessionEvent(session_id, event, now);
