@@ -46,22 +46,6 @@ uint64_t NowUnixNs() {
                                    .count());
 }
 
-ReadAtFn PreadFn(int fd) {
-  return [fd](uint64_t off, std::span<std::byte> buf) -> int64_t {
-    uint64_t done = 0;
-    while (done < buf.size()) {
-      const ssize_t n = ::pread(fd, buf.data() + done, buf.size() - done, off + done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return -errno;
-      }
-      if (n == 0) break;
-      done += static_cast<uint64_t>(n);
-    }
-    return static_cast<int64_t>(done);
-  };
-}
-
 }  // namespace
 
 std::string_view SyncPolicyName(SyncPolicy policy) {
@@ -239,7 +223,7 @@ Status DiskStore::OpenDirectory() {
     struct stat st {};
     ::fstat(scan_fd, &st);
     const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-    SegmentScan scan = ScanSegment(PreadFn(scan_fd), file_bytes, options_.layout_fingerprint);
+    SegmentScan scan = ScanSegment(PreadReader(scan_fd), file_bytes, options_.layout_fingerprint);
     ::close(scan_fd);
     if (!scan.header && scan.header_error == ParseError::kFutureVersion) {
       return Status::InvalidArgument(fmt::format(

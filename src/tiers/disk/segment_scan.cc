@@ -1,5 +1,8 @@
 #include "tiers/disk/segment_scan.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,6 +25,23 @@ std::string_view ScanIssueKindName(ScanIssue::Kind kind) {
       return "io-error";
   }
   return "unknown";
+}
+
+ReadAtFn PreadReader(int fd) {
+  return [fd](uint64_t off, std::span<std::byte> buf) -> int64_t {
+    uint64_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t n = ::pread(fd, buf.data() + done, buf.size() - done,
+                                static_cast<off_t>(off + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return -errno;
+      }
+      if (n == 0) break;
+      done += static_cast<uint64_t>(n);
+    }
+    return static_cast<int64_t>(done);
+  };
 }
 
 SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,

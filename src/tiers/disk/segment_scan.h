@@ -26,6 +26,9 @@ namespace kvtier::disk {
 // or -errno.
 using ReadAtFn = std::function<int64_t(uint64_t offset, std::span<std::byte> buf)>;
 
+// A ReadAtFn over a file descriptor (pread, retried on EINTR). The fd must outlive it.
+ReadAtFn PreadReader(int fd);
+
 struct ScannedRecord {
   uint64_t offset = 0;  // of the header page
   RecordHeader header;
