@@ -1,8 +1,8 @@
 // DiskStore, the disk tier's engine: round trips, restart, eviction under the capacity,
 // corruption handling, refusal of foreign segments, durability policies and concurrency.
-#include <gtest/gtest.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -217,13 +217,13 @@ TEST_P(DiskStoreTest, CapacityIsNeverExceededAndEvictionsAreReported) {
     removed.insert(keys.begin(), keys.end());
   });
   const uint64_t per_segment = (o.segment_bytes - kPageBytes) / o.record_bytes();
-  const uint64_t total = 10 * o.capacity_bytes / o.record_bytes();
-  for (uint64_t n = 0; n < total; n += 7) {
-    PutMany(*s, n, 7);
+  const uint64_t total = 4 * o.capacity_bytes / o.record_bytes();
+  for (uint64_t n = 0; n < total; n += 16) {
+    PutMany(*s, n, 16);
     ASSERT_LE(s->used_bytes(), o.capacity_bytes);
     ASSERT_LE(DirBytes(dir_.path()), o.capacity_bytes);
   }
-  const uint64_t written = (total + 6) / 7 * 7;
+  const uint64_t written = (total + 15) / 16 * 16;
   EXPECT_GT(s->stats().evicted_segments, 0u);
   // Every key is either resident or was reported removed, never both.
   uint64_t resident = 0;
@@ -265,7 +265,10 @@ TEST_P(DiskStoreTest, HotBlocksAreReinsertedOnEviction) {
 
 TEST_P(DiskStoreTest, FlippedPayloadByteIsCorruptionAndTheRestStaysReadable) {
   DiskOptions o = Options(dir_.path(), GetParam());
-  { auto s = OpenOrDie(o); PutMany(*s, 0, 5); }
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
   auto files = SegmentFiles(dir_.path());
   ASSERT_EQ(files.size(), 1u);
   // Record 2 starts at page 1 + 2 records; flip a payload byte in it.
@@ -281,7 +284,10 @@ TEST_P(DiskStoreTest, FlippedPayloadByteIsCorruptionAndTheRestStaysReadable) {
 
 TEST_P(DiskStoreTest, FlippedHeaderByteSkipsOnlyThatRecordAtOpen) {
   DiskOptions o = Options(dir_.path(), GetParam());
-  { auto s = OpenOrDie(o); PutMany(*s, 0, 5); }
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
   auto files = SegmentFiles(dir_.path());
   ASSERT_EQ(files.size(), 1u);
   FlipByte(files[0], kPageBytes + 2 * o.record_bytes() + 20);  // record 2's key
@@ -293,7 +299,10 @@ TEST_P(DiskStoreTest, FlippedHeaderByteSkipsOnlyThatRecordAtOpen) {
 
 TEST_P(DiskStoreTest, FutureFormatVersionIsRefused) {
   DiskOptions o = Options(dir_.path(), GetParam());
-  { auto s = OpenOrDie(o); PutMany(*s, 0, 2); }
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 2);
+  }
   auto files = SegmentFiles(dir_.path());
   ASSERT_FALSE(files.empty());
   const int fd = ::open(files[0].c_str(), O_RDWR);
@@ -309,7 +318,10 @@ TEST_P(DiskStoreTest, FutureFormatVersionIsRefused) {
 
 TEST_P(DiskStoreTest, ForeignLayoutIsRefused) {
   DiskOptions o = Options(dir_.path(), GetParam());
-  { auto s = OpenOrDie(o); PutMany(*s, 0, 2); }
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 2);
+  }
   o.layout_fingerprint ^= 1;
   auto r = DiskStore::Open(o);
   ASSERT_FALSE(r.ok());
@@ -427,9 +439,9 @@ TEST_P(DiskStoreTest, StatsReportTheBackendAndBuffers) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, DiskStoreTest,
                          ::testing::Values(IoBackend::kUring, IoBackend::kSync),
-                         [](const auto& info) {
-                           return info.param == IoBackend::kSync ? std::string("Sync")
-                                                                 : std::string("Uring");
+                         [](const ::testing::TestParamInfo<IoBackend>& p) {
+                           return p.param == IoBackend::kSync ? std::string("Sync")
+                                                              : std::string("Uring");
                          });
 
 }  // namespace

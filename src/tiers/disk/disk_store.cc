@@ -118,7 +118,9 @@ Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskOptions& options,
                                                    RemovalFn on_removed) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<DiskStore> store(new DiskStore(options, std::move(on_removed)));
-  KVTIER_RETURN_IF_ERROR(store->OpenDirectory());
+  std::vector<BlockKey> removed;
+  KVTIER_RETURN_IF_ERROR(store->OpenDirectory(&removed));
+  if (!removed.empty() && store->on_removed_) store->on_removed_(removed);
   return store;
 }
 
@@ -131,13 +133,13 @@ DiskStore::~DiskStore() {
     sync_cv_.notify_all();
     sync_thread_.join();
   }
-  if (options_.sync != SyncPolicy::kNone && writer_ != nullptr) {
-    std::lock_guard<std::mutex> w(write_mu_);
-    Status st = SyncLocked();
+  if (options_.sync != SyncPolicy::kNone) {
+    MutexLock w(&write_mu_);
+    Status st = writer_ != nullptr ? SyncLocked() : Status::Ok();
     if (!st.ok()) spdlog::error("disk tier {}: sync at close: {}", options_.path, st.ToString());
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     active_.reset();
     segments_.clear();
   }
@@ -163,7 +165,7 @@ Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
 
 std::unique_ptr<DiskStore::IoContext> DiskStore::AcquireReader() {
   {
-    std::lock_guard<std::mutex> l(pool_mu_);
+    MutexLock l(&pool_mu_);
     if (!readers_.empty()) {
       auto ctx = std::move(readers_.back());
       readers_.pop_back();
@@ -176,12 +178,13 @@ std::unique_ptr<DiskStore::IoContext> DiskStore::AcquireReader() {
 }
 
 void DiskStore::ReleaseReader(std::unique_ptr<IoContext> ctx) {
-  std::lock_guard<std::mutex> l(pool_mu_);
-  reader_registered_ = ctx->engine->registered_buffers();
+  MutexLock l(&pool_mu_);
   readers_.push_back(std::move(ctx));
 }
 
-Status DiskStore::OpenDirectory() {
+Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
+  // Nothing else runs yet; the lock is for the thread-safety analysis and the lock order.
+  MutexLock w(&write_mu_);
   const std::string& dir = options_.path;
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Status::Internal(fmt::format("{}: mkdir: {}", dir, Errno(errno)));
@@ -210,6 +213,8 @@ Status DiskStore::OpenDirectory() {
   KVTIER_ASSIGN_OR_RETURN(writer_, MakeContext());
   std::vector<std::string> notes;
   if (!writer_->engine->note().empty()) notes.push_back(writer_->engine->note());
+  io_name_ = std::string(writer_->engine->name());
+  io_registered_ = writer_->engine->registered_buffers();
 
   direct_ = options_.direct_io;
   uint64_t max_seq = 0;
@@ -272,7 +277,7 @@ Status DiskStore::OpenDirectory() {
     if (seg->fd < 0) return Status::Internal(fmt::format("{}: open: {}", seg->path, Errno(errno)));
     seg->bytes.store(AlignUp(file_bytes), std::memory_order_relaxed);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       segments_[id] = seg;
       sealed_bytes_ += seg->bytes.load(std::memory_order_relaxed);
       // Records in file order, segments in id order: that is sequence order, so later wins.
@@ -281,11 +286,7 @@ Status DiskStore::OpenDirectory() {
         if (r.header.type == RecordType::kTombstone) {
           auto it = index_.find(r.header.key);
           if (it != index_.end() && it->second.seq < r.header.sequence) {
-            auto s = segments_.find(it->second.segment_id);
-            if (s != segments_.end()) {
-              s->second->live_bytes -= record_bytes_;
-              --s->second->live_blocks;
-            }
+            Unaccount(it->second);
             index_.erase(it);
           }
           continue;
@@ -303,22 +304,22 @@ Status DiskStore::OpenDirectory() {
     }
     next_segment_id_ = id + 1;
   }
-  recovered_.store(index_.size(), std::memory_order_relaxed);
+  uint64_t recovered = 0;
+  {
+    MutexLock l(&mu_);
+    recovered = index_.size();
+  }
+  recovered_.store(recovered, std::memory_order_relaxed);
   next_seq_ = max_seq + 1;
   written_seq_.store(max_seq);
   durable_seq_.store(max_seq);  // what survived is as durable as it gets
   if (!ids.empty() || recovered_issues > 0) {
-    spdlog::info("disk tier {}: recovered {} blocks from {} segments ({} issues)", dir,
-                 index_.size(), ids.size(), recovered_issues);
+    spdlog::info("disk tier {}: recovered {} blocks from {} segments ({} issues)", dir, recovered,
+                 ids.size(), recovered_issues);
   }
 
   // A fresh active segment; old ones are never appended to (their tails may be torn).
-  std::vector<BlockKey> removed;
-  {
-    std::lock_guard<std::mutex> w(write_mu_);
-    KVTIER_RETURN_IF_ERROR(RollSegment(&removed));
-  }
-  if (!removed.empty() && on_removed_) on_removed_(removed);
+  KVTIER_RETURN_IF_ERROR(RollSegment(removed));
   if (!direct_) {
     notes.push_back(fmt::format("O_DIRECT refused by the filesystem of {}: buffered I/O", dir));
   }
@@ -331,14 +332,18 @@ Status DiskStore::OpenDirectory() {
   return Status::Ok();
 }
 
+void DiskStore::Unaccount(const Location& loc) {
+  auto s = segments_.find(loc.segment_id);
+  if (s != segments_.end()) {
+    s->second->live_bytes -= record_bytes_;
+    --s->second->live_blocks;
+  }
+}
+
 void DiskStore::Publish(const BlockKey& key, const Location& loc) {
   auto it = index_.find(key);
   if (it != index_.end()) {
-    auto s = segments_.find(it->second.segment_id);
-    if (s != segments_.end()) {
-      s->second->live_bytes -= record_bytes_;
-      --s->second->live_blocks;
-    }
+    Unaccount(it->second);
     it->second = loc;
   } else {
     index_.emplace(key, loc);
@@ -354,7 +359,7 @@ void DiskStore::Publish(const BlockKey& key, const Location& loc) {
 Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
   std::shared_ptr<Segment> old;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     old = active_;
   }
   if (old != nullptr) {
@@ -367,7 +372,7 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
       syncs_.fetch_add(1, std::memory_order_relaxed);
       durable_seq_.store(next_seq_ - 1);
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
     active_.reset();
   }
@@ -378,7 +383,7 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
   for (;;) {
     uint64_t victim = 0;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (sealed_bytes_ + segment_bytes_ <= options_.capacity_bytes || segments_.empty()) break;
       victim = segments_.begin()->first;
       evicted.push_back(segments_.begin()->second);
@@ -418,7 +423,7 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     if (::fdatasync(seg->fd) == 0 && ::fsync(dir_fd_) == 0) seg->synced = true;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     segments_[seg->id] = seg;
     active_ = seg;
   }
@@ -431,7 +436,7 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
 
 void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
                              std::vector<std::pair<BlockKey, Location>>* hot) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = segments_.find(id);
   if (it == segments_.end()) return;
   std::shared_ptr<Segment> seg = it->second;
@@ -461,7 +466,7 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
   for (const auto& [key, loc] : hot) {
     std::shared_ptr<Segment> src, dst;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       auto e = index_.find(key);
       if (e == index_.end() || e->second.seq != loc.seq) continue;  // changed meanwhile
       dst = active_;
@@ -485,7 +490,7 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
       if (ok) {
         dst->bytes.store(off + record_bytes_, std::memory_order_relaxed);
         dst->synced = false;
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         auto e = index_.find(key);
         if (e != index_.end() && e->second.seq == loc.seq) {
           Publish(key, Location{dst->id, off, h->sequence, false});
@@ -496,7 +501,7 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
     } else {
       ok = false;
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     auto e = index_.find(key);
     if (e != index_.end() && e->second.seq == loc.seq) {
       index_.erase(e);
@@ -511,7 +516,7 @@ void DiskStore::Put(std::span<const BlockKey> keys,
                     std::span<const std::span<const std::byte>> blocks, std::span<Status> results) {
   std::vector<BlockKey> removed;
   {
-    std::lock_guard<std::mutex> w(write_mu_);
+    MutexLock w(&write_mu_);
     IoContext& ctx = *writer_;
     const uint32_t nbuf = static_cast<uint32_t>(ctx.buffers.size());
     struct Pending {
@@ -524,7 +529,7 @@ void DiskStore::Put(std::span<const BlockKey> keys,
     std::vector<IoCompletion> done;
     std::shared_ptr<Segment> seg;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       seg = active_;
     }
     for (Status& r : results) r = Status::Unavailable("write not completed");
@@ -545,7 +550,7 @@ void DiskStore::Put(std::span<const BlockKey> keys,
           if (ctx.engine->outstanding() > 0) break;  // drain before sealing
           roll_error = RollSegment(&removed);
           if (!roll_error.ok()) break;
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(&mu_);
           seg = active_;
           off = seg->bytes.load(std::memory_order_relaxed);
         }
@@ -581,7 +586,7 @@ void DiskStore::Put(std::span<const BlockKey> keys,
         for (; next < keys.size(); ++next) results[next] = Status::Unavailable(st.message());
         break;
       }
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       for (const IoCompletion& c : done) {
         const Pending& p = pending[c.tag];
         if (c.result == static_cast<int64_t>(record_bytes_)) {
@@ -597,6 +602,16 @@ void DiskStore::Put(std::span<const BlockKey> keys,
       }
     }
     written_seq_.store(next_seq_ - 1);
+    if (!removed.empty()) {
+      // A batch larger than the capacity evicts its own first blocks: those are not stored.
+      MutexLock l(&mu_);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (results[i].ok() && index_.count(keys[i]) == 0) {
+          results[i] = Status::ResourceExhausted(
+              "evicted by later blocks of the same batch (the batch exceeds the capacity)");
+        }
+      }
+    }
     if (wrote && options_.sync == SyncPolicy::kBatch) {
       Status st = SyncLocked();
       if (!st.ok()) spdlog::error("disk tier {}: {}", options_.path, st.ToString());
@@ -614,7 +629,7 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
   };
   std::vector<Want> wants;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (out[i].size() != options_.block_bytes) {
         results[i] = Status::InvalidArgument(fmt::format(
@@ -711,38 +726,38 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
   ReleaseReader(std::move(ctx));
   if (!corrupt.empty()) {
     corruptions_.fetch_add(corrupt.size(), std::memory_order_relaxed);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (const auto& [key, seq] : corrupt) {
       auto it = index_.find(key);
       if (it == index_.end() || it->second.seq != seq) continue;
-      auto s = segments_.find(it->second.segment_id);
-      if (s != segments_.end()) {
-        s->second->live_bytes -= record_bytes_;
-        --s->second->live_blocks;
-      }
+      Unaccount(it->second);
       index_.erase(it);
     }
   }
 }
 
+std::vector<BlockKey> DiskStore::Keys() const {
+  MutexLock l(&mu_);
+  std::vector<BlockKey> keys;
+  keys.reserve(index_.size());
+  for (const auto& [key, loc] : index_) keys.push_back(key);
+  return keys;
+}
+
 void DiskStore::Exists(std::span<const BlockKey> keys, std::span<bool> out) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) out[i] = index_.count(keys[i]) != 0;
 }
 
 Status DiskStore::Erase(std::span<const BlockKey> keys) {
-  std::lock_guard<std::mutex> w(write_mu_);
+  MutexLock w(&write_mu_);
   std::vector<BlockKey> gone;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (const BlockKey& key : keys) {
       auto it = index_.find(key);
       if (it == index_.end()) continue;
-      auto s = segments_.find(it->second.segment_id);
-      if (s != segments_.end()) {
-        s->second->live_bytes -= record_bytes_;
-        --s->second->live_blocks;
-      }
+      Unaccount(it->second);
       index_.erase(it);
       gone.push_back(key);
     }
@@ -758,7 +773,7 @@ Status DiskStore::Erase(std::span<const BlockKey> keys) {
   while (i < gone.size()) {
     std::shared_ptr<Segment> seg;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       seg = active_;
     }
     uint64_t off = seg->bytes.load(std::memory_order_relaxed);
@@ -796,7 +811,7 @@ Status DiskStore::Erase(std::span<const BlockKey> keys) {
 Status DiskStore::SyncLocked() {
   std::vector<std::shared_ptr<Segment>> todo;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (const auto& [id, seg] : segments_) {
       if (!seg->synced) todo.push_back(seg);
     }
@@ -814,7 +829,7 @@ Status DiskStore::SyncLocked() {
 }
 
 Status DiskStore::Sync() {
-  std::lock_guard<std::mutex> w(write_mu_);
+  MutexLock w(&write_mu_);
   return SyncLocked();
 }
 
@@ -833,27 +848,27 @@ void DiskStore::SyncLoop() {
 }
 
 bool DiskStore::IsDurable(const BlockKey& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = index_.find(key);
   return it != index_.end() && it->second.seq <= durable_seq_.load();
 }
 
 uint64_t DiskStore::used_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return sealed_bytes_ + (active_ ? active_->bytes.load(std::memory_order_relaxed) : 0);
 }
 
 DiskStats DiskStore::stats() const {
   DiskStats s;
-  s.io_backend = std::string(writer_->engine->name());
-  s.registered_buffers = writer_->engine->registered_buffers();
+  s.io_backend = io_name_;
+  s.registered_buffers = io_registered_;
   s.direct_io = direct_;
   s.notes = notes_;
   s.queue_depth = options_.queue_depth;
   s.capacity_bytes = options_.capacity_bytes;
   s.segment_bytes = segment_bytes_;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     s.used_bytes = sealed_bytes_ + (active_ ? active_->bytes.load(std::memory_order_relaxed) : 0);
     s.segments = segments_.size();
     s.live_blocks = index_.size();

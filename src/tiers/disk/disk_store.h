@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
 #include "tiers/disk/io_engine.h"
@@ -110,6 +111,8 @@ class DiskStore {
   void Get(std::span<const BlockKey> keys, std::span<const std::span<std::byte>> out,
            std::span<Status> results);
   void Exists(std::span<const BlockKey> keys, std::span<bool> out) const;
+  // Every resident key (for a cache that rebuilds its index over a persistent tier).
+  std::vector<BlockKey> Keys() const;
   // Removes keys (writing tombstones, so they stay removed after a restart).
   Status Erase(std::span<const BlockKey> keys);
 
@@ -136,19 +139,21 @@ class DiskStore {
   };
 
   explicit DiskStore(const DiskOptions& options, RemovalFn on_removed);
-  Status OpenDirectory();
+  Status OpenDirectory(std::vector<BlockKey>* removed);
   Result<std::unique_ptr<IoContext>> MakeContext();
   std::unique_ptr<IoContext> AcquireReader();
   void ReleaseReader(std::unique_ptr<IoContext> ctx);
 
   // Writer side; callers hold write_mu_ with no I/O outstanding.
-  Status RollSegment(std::vector<BlockKey>* removed);
+  Status RollSegment(std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
   void EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
-                    std::vector<std::pair<BlockKey, Location>>* hot);
+                    std::vector<std::pair<BlockKey, Location>>* hot) KVTIER_REQUIRES(write_mu_);
   void Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
-                std::vector<BlockKey>* removed);
-  Status SyncLocked();
-  void Publish(const BlockKey& key, const Location& loc);
+                std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+  Status SyncLocked() KVTIER_REQUIRES(write_mu_);
+  void Publish(const BlockKey& key, const Location& loc) KVTIER_REQUIRES(mu_);
+  // Takes loc's record out of its segment's live counts.
+  void Unaccount(const Location& loc) KVTIER_REQUIRES(mu_);
   void SyncLoop();
 
   const DiskOptions options_;
@@ -160,20 +165,22 @@ class DiskStore {
   bool direct_ = true;
   std::string notes_;
 
-  std::mutex write_mu_;                // one writer at a time; held across its I/O
-  std::unique_ptr<IoContext> writer_;  // guarded by write_mu_
-  uint64_t next_seq_ = 1;              // guarded by write_mu_
-  uint64_t next_segment_id_ = 1;       // guarded by write_mu_
+  Mutex write_mu_;  // one writer at a time; held across its I/O. Taken before mu_.
+  std::unique_ptr<IoContext> writer_ KVTIER_GUARDED_BY(write_mu_);
+  uint64_t next_seq_ KVTIER_GUARDED_BY(write_mu_) = 1;
+  uint64_t next_segment_id_ KVTIER_GUARDED_BY(write_mu_) = 1;
+  // Set at open from the writer's engine; constant afterwards.
+  std::string io_name_;
+  bool io_registered_ = false;
 
-  mutable std::mutex mu_;  // the index and the segment table; never held across I/O
-  std::unordered_map<BlockKey, Location, BlockKeyHash> index_;  // guarded by mu_
-  std::map<uint64_t, std::shared_ptr<Segment>> segments_;       // guarded by mu_
-  std::shared_ptr<Segment> active_;                             // guarded by mu_
-  uint64_t sealed_bytes_ = 0;                                   // guarded by mu_
+  mutable Mutex mu_;  // the index and the segment table; never held across I/O
+  std::unordered_map<BlockKey, Location, BlockKeyHash> index_ KVTIER_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Segment>> segments_ KVTIER_GUARDED_BY(mu_);
+  std::shared_ptr<Segment> active_ KVTIER_GUARDED_BY(mu_);
+  uint64_t sealed_bytes_ KVTIER_GUARDED_BY(mu_) = 0;
 
-  std::mutex pool_mu_;
-  std::vector<std::unique_ptr<IoContext>> readers_;  // guarded by pool_mu_
-  bool reader_registered_ = false;                   // guarded by pool_mu_
+  Mutex pool_mu_;
+  std::vector<std::unique_ptr<IoContext>> readers_ KVTIER_GUARDED_BY(pool_mu_);
 
   std::atomic<uint64_t> written_seq_{0};
   std::atomic<uint64_t> durable_seq_{0};

@@ -19,9 +19,10 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(std::string name, const KvLayou
   options.capacity_bytes = capacity_bytes;
   std::unique_ptr<DiskTier> tier(new DiskTier(std::move(name), layout, capacity_bytes));
   DiskTier* self = tier.get();
-  KVTIER_ASSIGN_OR_RETURN(
-      tier->store_,
-      DiskStore::Open(options, [self](std::span<const BlockKey> keys) { self->NotifyRemoved(keys); }));
+  KVTIER_ASSIGN_OR_RETURN(tier->store_,
+                          DiskStore::Open(options, [self](std::span<const BlockKey> keys) {
+                            self->NotifyRemoved(keys);
+                          }));
   return tier;
 }
 
@@ -117,7 +118,8 @@ Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::strin
       } else if (v == "sync" || v == "pread") {
         o.io = IoBackend::kSync;
       } else {
-        return Status::InvalidArgument(fmt::format("params.io: '{}' is not auto, uring or sync", v));
+        return Status::InvalidArgument(
+            fmt::format("params.io: '{}' is not auto, uring or sync", v));
       }
     } else if (key == "register_buffers") {
       KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.register_buffers));
@@ -132,7 +134,8 @@ Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::strin
           key));
     }
   }
-  if (o.path.empty()) return Status::InvalidArgument("params.path: the disk tier needs a directory");
+  if (o.path.empty())
+    return Status::InvalidArgument("params.path: the disk tier needs a directory");
   return o;
 }
 

@@ -31,8 +31,8 @@ ReadAtFn PreadReader(int fd) {
   return [fd](uint64_t off, std::span<std::byte> buf) -> int64_t {
     uint64_t done = 0;
     while (done < buf.size()) {
-      const ssize_t n = ::pread(fd, buf.data() + done, buf.size() - done,
-                                static_cast<off_t>(off + done));
+      const ssize_t n =
+          ::pread(fd, buf.data() + done, buf.size() - done, static_cast<off_t>(off + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return -errno;
