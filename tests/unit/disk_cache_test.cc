@@ -8,25 +8,10 @@
 #include <vector>
 
 #include "kvtier/cache.h"
+#include "testing/test_util.h"
 
 namespace kvtier {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvtier_disk_cache_XXXXXX";
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 KvLayout SmallLayout() {
   KvLayout l;
@@ -48,10 +33,19 @@ std::vector<std::byte> Bytes(uint64_t n, uint64_t size) {
   return b;
 }
 
-class DiskCacheTest : public ::testing::TestWithParam<WriteMode> {};
+class DiskCacheTest : public ::testing::TestWithParam<WriteMode> {
+ protected:
+  // Stores 32 blocks in chunks of `chunk` into an 8-block host over a disk tier, then looks
+  // them up and loads them back.
+  void StoreLookupLoad(uint32_t chunk);
+};
 
-TEST_P(DiskCacheTest, StoreOverflowingHostLandsOnDiskAndLoadsBackExact) {
-  TempDir dir;
+TEST_P(DiskCacheTest, StoreOverflowingHostLandsOnDiskAndLoadsBackExact) { StoreLookupLoad(8); }
+
+TEST_P(DiskCacheTest, OneStoreLargerThanHostLandsOnDiskAndLoadsBackExact) { StoreLookupLoad(32); }
+
+void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
+  ::kvtier::testing::TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   const KvLayout layout = SmallLayout();
   const uint64_t bb = layout.bytes_per_block();
@@ -82,11 +76,11 @@ TEST_P(DiskCacheTest, StoreOverflowingHostLandsOnDiskAndLoadsBackExact) {
   for (uint32_t i = 0; i < kBlocks; ++i) data.push_back(Bytes(i, bb));
   for (auto& d : data) blocks.emplace_back(d);
 
-  // Stores in host-sized chunks, as an engine does turn by turn: in write-back mode the
-  // host's victims move down to disk as later chunks arrive.
-  for (uint32_t first = 0; first < kBlocks; first += kHostBlocks) {
+  // Chunks of the host's size are stored turn by turn, as an engine does (write-back: the
+  // host's victims move down as later chunks arrive); one chunk of 32 overflows in one call.
+  for (uint32_t first = 0; first < kBlocks; first += chunk) {
     auto stored =
-        cache.Store(tokens, std::span<const ConstBlock>(blocks).subspan(first, kHostBlocks), first);
+        cache.Store(tokens, std::span<const ConstBlock>(blocks).subspan(first, chunk), first);
     ASSERT_TRUE(stored.ok()) << stored.status().ToString();
     EXPECT_EQ(stored->failed_blocks, 0u) << stored->first_error.ToString();
   }

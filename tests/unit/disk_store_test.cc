@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "testing/test_util.h"
 #include "tiers/disk/disk_store.h"
 #include "tiers/disk/format.h"
 
@@ -24,22 +26,6 @@ namespace {
 
 constexpr uint64_t kBlock = 16 * 1024 + 512;  // not page-aligned on purpose
 constexpr uint64_t kFingerprint = 0x5eed5eed12345678ULL;
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvtier_disk_XXXXXX";
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 BlockKey Key(uint64_t n) { return BlockKey{n * 0x9e3779b97f4a7c15ULL + 1, n}; }
 
@@ -140,7 +126,7 @@ class DiskStoreTest : public ::testing::TestWithParam<IoBackend> {
       if (!probe.ok()) GTEST_SKIP() << "io_uring unavailable here: " << probe.status().ToString();
     }
   }
-  TempDir dir_;
+  ::kvtier::testing::TempDir dir_;
 };
 
 TEST_P(DiskStoreTest, PutGetRoundTripAndMiss) {
@@ -261,6 +247,25 @@ TEST_P(DiskStoreTest, HotBlocksAreReinsertedOnEviction) {
   for (uint64_t n = 0; n < 4; ++n) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
   for (uint64_t n = 4; n < 20; ++n) EXPECT_TRUE(GetOne(*s, n).IsNotFound()) << n;
   EXPECT_LE(s->used_bytes(), o.capacity_bytes);
+}
+
+TEST_P(DiskStoreTest, KeyWrittenTwiceInOneSegmentIsKeptOrEvictedOnce) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.sync = SyncPolicy::kNone;
+  std::map<BlockKey, int> removed;
+  auto s = OpenOrDie(o, [&](std::span<const BlockKey> keys) {
+    for (const BlockKey& k : keys) ++removed[k];
+  });
+  PutMany(*s, 0, 4);
+  PutMany(*s, 0, 4, /*version=*/1);  // same segment, newer version
+  for (uint64_t n = 1000; n < 1000 + 3 * o.capacity_bytes / o.record_bytes(); n += 16) {
+    PutMany(*s, n, 16);
+    ASSERT_TRUE(GetOne(*s, 0, 1).ok());  // key 0 stays hot
+  }
+  EXPECT_TRUE(GetOne(*s, 0, 1).ok());
+  EXPECT_EQ(removed.count(Key(0)), 0u);
+  EXPECT_EQ(removed[Key(1)], 1);
+  EXPECT_TRUE(GetOne(*s, 1).IsNotFound());
 }
 
 TEST_P(DiskStoreTest, FlippedPayloadByteIsCorruptionAndTheRestStaysReadable) {

@@ -10,26 +10,11 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/tier.h"
+#include "testing/test_util.h"
 #include "tiers/disk/disk_tier.h"
 
 namespace kvtier {
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvtier_disk_tier_XXXXXX";
-    path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 KvLayout SmallLayout() {
   KvLayout l;
@@ -59,7 +44,7 @@ TierSpec DiskSpec(const std::string& dir, uint64_t capacity) {
 }
 
 TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
-  TempDir dir;
+  ::kvtier::testing::TempDir dir;
   auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), SmallLayout());
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Tier& t = **made;
@@ -75,7 +60,7 @@ TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
 }
 
 TEST(DiskTierTest, BadParamsAreNamed) {
-  TempDir dir;
+  ::kvtier::testing::TempDir dir;
   TierSpec s = DiskSpec(dir.path(), 4 << 20);
   s.params["queue_depth"] = "lots";
   auto r = MakeTier(s, SmallLayout());
@@ -109,7 +94,7 @@ TEST(DiskTierTest, BadParamsAreNamed) {
 }
 
 TEST(DiskTierTest, PutGetThroughTheTierInterfaceAndListenerSeesEvictions) {
-  TempDir dir;
+  ::kvtier::testing::TempDir dir;
   const KvLayout layout = SmallLayout();
   const uint64_t bb = layout.bytes_per_block();
   auto made = MakeTier(DiskSpec(dir.path(), 1 << 20), layout);
@@ -153,7 +138,7 @@ TEST(DiskTierTest, PutGetThroughTheTierInterfaceAndListenerSeesEvictions) {
 }
 
 TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
-  TempDir dir;
+  ::kvtier::testing::TempDir dir;
   const KvLayout layout = SmallLayout();
   const uint64_t bb = layout.bytes_per_block();
   {
@@ -192,7 +177,7 @@ TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
 }
 
 TEST(DiskTierTest, OtherLayoutOnTheSameDirectoryIsRefused) {
-  TempDir dir;
+  ::kvtier::testing::TempDir dir;
   {
     auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), SmallLayout());
     ASSERT_TRUE(made.ok()) << made.status().ToString();

@@ -26,7 +26,8 @@ struct DiskStore::Segment {
   std::atomic<uint64_t> bytes{0};  // end of the last record placed (the file's length)
   uint64_t live_bytes = 0;         // guarded by DiskStore::mu_
   uint64_t live_blocks = 0;        // guarded by DiskStore::mu_
-  std::vector<BlockKey> keys;      // keys of records placed here; guarded by DiskStore::mu_
+  // (key, offset) of every put record placed here; guarded by DiskStore::mu_.
+  std::vector<std::pair<BlockKey, uint64_t>> records;
   bool synced = true;              // guarded by DiskStore::write_mu_ (set by the writer)
 
   ~Segment() {
@@ -244,7 +245,9 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           seg->path, scan.header->layout_fingerprint, scan.header->block_bytes,
           options_.layout_fingerprint, options_.block_bytes));
     }
-    if (file_bytes < kPageBytes || (scan.header && scan.records.empty())) {
+    const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(),
+                                         [](const ScanIssue& i) { return i.is_corruption(); });
+    if (file_bytes < kPageBytes || (scan.header && scan.records.empty() && !any_corrupt)) {
       // Torn while being created, or holding no record: nothing to keep.
       ::unlink(seg->path.c_str());
       next_segment_id_ = id + 1;
@@ -352,7 +355,7 @@ void DiskStore::Publish(const BlockKey& key, const Location& loc) {
   if (s != segments_.end()) {
     s->second->live_bytes += record_bytes_;
     ++s->second->live_blocks;
-    s->second->keys.push_back(key);
+    s->second->records.emplace_back(key, loc.offset);
   }
 }
 
@@ -442,9 +445,11 @@ void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
   std::shared_ptr<Segment> seg = it->second;
   const uint64_t hot_budget = options_.reinsert_hot ? segment_bytes_ / 4 : 0;
   uint64_t hot_bytes = 0;
-  for (const BlockKey& key : seg->keys) {
+  for (const auto& [key, offset] : seg->records) {
     auto e = index_.find(key);
-    if (e == index_.end() || e->second.segment_id != id) continue;  // moved or erased since
+    if (e == index_.end() || e->second.segment_id != id || e->second.offset != offset) {
+      continue;  // overwritten or erased since
+    }
     if (e->second.accessed && hot_bytes + record_bytes_ <= hot_budget) {
       hot_bytes += record_bytes_;
       hot->emplace_back(key, e->second);  // stays indexed (and readable) until reinserted
