@@ -89,6 +89,21 @@ TEST(DiskFormatTest, ZeroPageIsNotAHeader) {
   EXPECT_EQ(err, ParseError::kNotAHeader);
 }
 
+TEST(DiskFormatTest, ChecksumIsKvtierChecksum64) {
+  // Xxh3 picks an AVX2 build at run time; its values must be the core's XXH3-64.
+  std::vector<std::byte> bytes((1 << 20) + 77);
+  uint64_t x = 12345;
+  for (auto& b : bytes) {
+    x = x * 6364136223846793005ULL + 1;
+    b = static_cast<std::byte>(x >> 57);
+  }
+  for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{240}, size_t{1023}, size_t{1024},
+                   size_t{4096}, size_t{65537}, bytes.size()}) {
+    const std::span<const std::byte> s(bytes.data(), n);
+    EXPECT_EQ(Xxh3(s), Checksum64(s)) << n << " bytes";
+  }
+}
+
 TEST(DiskFormatTest, SegmentFileNames) {
   EXPECT_EQ(SegmentFileName(42), "seg-00000042.kvs");
   EXPECT_EQ(ParseSegmentFileName("seg-00000042.kvs"), 42u);

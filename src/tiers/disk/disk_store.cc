@@ -28,7 +28,7 @@ struct DiskStore::Segment {
   uint64_t live_blocks = 0;        // guarded by DiskStore::mu_
   // (key, offset) of every put record placed here; guarded by DiskStore::mu_.
   std::vector<std::pair<BlockKey, uint64_t>> records;
-  bool synced = true;              // guarded by DiskStore::write_mu_ (set by the writer)
+  bool synced = true;  // guarded by DiskStore::write_mu_ (set by the writer)
 
   ~Segment() {
     if (fd >= 0) ::close(fd);
@@ -134,6 +134,14 @@ DiskStore::~DiskStore() {
     sync_cv_.notify_all();
     sync_thread_.join();
   }
+  {
+    // The active segment gives back its preallocated tail before the final sync.
+    MutexLock l(&mu_);
+    if (active_ != nullptr &&
+        ::ftruncate(active_->fd, static_cast<off_t>(active_->bytes.load())) == 0) {
+      active_->synced = false;
+    }
+  }
   if (options_.sync != SyncPolicy::kNone) {
     MutexLock w(&write_mu_);
     Status st = writer_ != nullptr ? SyncLocked() : Status::Ok();
@@ -160,6 +168,7 @@ Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
     ctx->buffers.emplace_back(record_bytes_);
     eo.buffers.push_back(ctx->buffers.back().span());
   }
+  ctx->iov.resize(n);
   KVTIER_ASSIGN_OR_RETURN(ctx->engine, MakeIoEngine(eo));
   return ctx;
 }
@@ -224,12 +233,21 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
     auto seg = std::make_shared<Segment>();
     seg->id = id;
     seg->path = dir + "/" + SegmentFileName(id);
-    const int scan_fd = ::open(seg->path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int scan_fd = ::open(seg->path.c_str(), O_RDWR | O_CLOEXEC);
     if (scan_fd < 0) return Status::Internal(fmt::format("{}: open: {}", seg->path, Errno(errno)));
     struct stat st {};
     ::fstat(scan_fd, &st);
     const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
     SegmentScan scan = ScanSegment(PreadReader(scan_fd), file_bytes, options_.layout_fingerprint);
+    uint64_t kept_bytes = file_bytes;
+    if (scan.header && !scan.issues.empty() &&
+        scan.issues.back().kind == ScanIssue::Kind::kTornTail &&
+        scan.issues.back().offset + scan.issues.back().length == file_bytes) {
+      // The unwritten (preallocated or torn) end of a segment the last process did not seal.
+      if (::ftruncate(scan_fd, static_cast<off_t>(scan.issues.back().offset)) == 0) {
+        kept_bytes = scan.issues.back().offset;
+      }
+    }
     ::close(scan_fd);
     if (!scan.header && scan.header_error == ParseError::kFutureVersion) {
       return Status::InvalidArgument(fmt::format(
@@ -278,7 +296,7 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
       seg->fd = ::open(seg->path.c_str(), O_RDONLY | O_CLOEXEC);
     }
     if (seg->fd < 0) return Status::Internal(fmt::format("{}: open: {}", seg->path, Errno(errno)));
-    seg->bytes.store(AlignUp(file_bytes), std::memory_order_relaxed);
+    seg->bytes.store(AlignUp(kept_bytes), std::memory_order_relaxed);
     {
       MutexLock l(&mu_);
       segments_[id] = seg;
@@ -366,7 +384,11 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     old = active_;
   }
   if (old != nullptr) {
-    // Sealing: with a sync policy, the durable watermark stays contiguous across segments.
+    // Sealing: the preallocated tail goes, so sealed files count only what they hold.
+    if (::ftruncate(old->fd, static_cast<off_t>(old->bytes.load(std::memory_order_relaxed))) == 0) {
+      old->synced = false;  // the size changed: metadata to sync
+    }
+    // With a sync policy, the durable watermark stays contiguous across segments.
     if (options_.sync != SyncPolicy::kNone && !old->synced) {
       if (::fdatasync(old->fd) != 0) {
         return Status::Unavailable(fmt::format("{}: fdatasync: {}", old->path, Errno(errno)));
@@ -421,6 +443,9 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
   }
   seg->bytes.store(kPageBytes, std::memory_order_relaxed);
   seg->synced = false;
+  // Preallocated: O_DIRECT writes inside the file's size neither allocate nor extend it, which
+  // on ext4 is the difference between queued and serialised appends. Best effort.
+  (void)::fallocate(seg->fd, 0, 0, static_cast<off_t>(segment_bytes_));
   if (options_.sync != SyncPolicy::kNone) {
     // The new file's name must survive a crash before any record in it counts as durable.
     if (::fdatasync(seg->fd) == 0 && ::fsync(dir_fd_) == 0) seg->synced = true;
@@ -569,14 +594,23 @@ void DiskStore::Put(std::span<const BlockKey> keys,
         h.sequence = next_seq_++;
         h.payload_checksum = Xxh3(blocks[next]);
         EncodeRecordHeader(h, {buf, kPageBytes});
-        std::memcpy(buf + kPageBytes, blocks[next].data(), options_.block_bytes);
-        std::memset(buf + kPageBytes + options_.block_bytes, 0,
-                    record_bytes_ - kPageBytes - options_.block_bytes);
+        IoRequest req{
+            true, seg->fd, buf, static_cast<uint32_t>(record_bytes_), off, static_cast<int>(b), b};
+        if (ZeroCopy(blocks[next].data())) {
+          // The caller's page-aligned block goes to the device as it is: no bounce copy.
+          ctx.iov[b][0] = {buf, kPageBytes};
+          ctx.iov[b][1] = {const_cast<std::byte*>(blocks[next].data()), options_.block_bytes};
+          req.iov = ctx.iov[b].data();
+          req.iovcnt = 2;
+        } else {
+          std::memcpy(buf + kPageBytes, blocks[next].data(), options_.block_bytes);
+          std::memset(buf + kPageBytes + options_.block_bytes, 0,
+                      record_bytes_ - kPageBytes - options_.block_bytes);
+        }
         seg->bytes.store(off + record_bytes_, std::memory_order_relaxed);
         seg->synced = false;
         pending[b] = {next, Location{seg->id, off, h.sequence, false}};
-        ctx.engine->Queue(IoRequest{true, seg->fd, buf, static_cast<uint32_t>(record_bytes_), off,
-                                    static_cast<int>(b), b});
+        ctx.engine->Queue(req);
         ++next;
       }
       if (!roll_error.ok()) {
@@ -675,9 +709,21 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       free_bufs.pop_back();
       slot[b] = next;
       const Want& w = wants[next];
-      ctx->engine->Queue(IoRequest{false, w.seg->fd, ctx->buffers[b].data(),
-                                   static_cast<uint32_t>(record_bytes_), w.loc.offset,
-                                   static_cast<int>(b), b});
+      IoRequest req{false,
+                    w.seg->fd,
+                    ctx->buffers[b].data(),
+                    static_cast<uint32_t>(record_bytes_),
+                    w.loc.offset,
+                    static_cast<int>(b),
+                    b};
+      if (ZeroCopy(out[w.index].data())) {
+        // Straight into the caller's page-aligned buffer; verified there before it counts.
+        ctx->iov[b][0] = {ctx->buffers[b].data(), kPageBytes};
+        ctx->iov[b][1] = {out[w.index].data(), options_.block_bytes};
+        req.iov = ctx->iov[b].data();
+        req.iovcnt = 2;
+      }
+      ctx->engine->Queue(req);
       ++next;
     }
     done.clear();
@@ -695,14 +741,20 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       const uint32_t b = static_cast<uint32_t>(c.tag);
       const Want& w = wants[slot[b]];
       free_bufs.push_back(b);
-      const std::string where = fmt::format("segment {} offset {}", w.loc.segment_id, w.loc.offset);
+      auto where = [&w] {
+        return fmt::format("segment {} offset {}", w.loc.segment_id, w.loc.offset);
+      };
       if (c.result != static_cast<int64_t>(record_bytes_)) {
         results[w.index] = Status::Unavailable(fmt::format(
-            "{}: read: {}", where,
+            "{}: read: {}", where(),
             c.result < 0 ? Errno(static_cast<int>(-c.result)) : std::string("short read")));
         continue;
       }
       const std::span<const std::byte> rec(ctx->buffers[b].data(), record_bytes_);
+      const bool direct_out = ZeroCopy(out[w.index].data());
+      const std::span<const std::byte> payload =
+          direct_out ? std::span<const std::byte>(out[w.index])
+                     : rec.subspan(kPageBytes, options_.block_bytes);
       ParseError err = ParseError::kNotAHeader;
       std::optional<RecordHeader> h = ParseRecordHeader(rec, &err);
       std::string problem;
@@ -714,17 +766,19 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       } else if (h->payload_bytes != options_.block_bytes ||
                  h->layout_fingerprint != options_.layout_fingerprint) {
         problem = "header of another layout";
-      } else if (Xxh3(rec.subspan(kPageBytes, options_.block_bytes)) != h->payload_checksum) {
+      } else if (Xxh3(payload) != h->payload_checksum) {
         problem = "payload checksum mismatch";
       }
       if (!problem.empty()) {
-        results[w.index] = Status::Corruption(fmt::format("{}: {}", where, problem));
-        spdlog::warn("disk tier {}: Corruption: {}: key {}: {}; dropped", options_.path, where,
+        results[w.index] = Status::Corruption(fmt::format("{}: {}", where(), problem));
+        spdlog::warn("disk tier {}: Corruption: {}: key {}: {}; dropped", options_.path, where(),
                      KeyHex(keys[w.index]), problem);
         corrupt.emplace_back(keys[w.index], w.loc.seq);
         continue;
       }
-      std::memcpy(out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
+      if (!direct_out) {
+        std::memcpy(out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
+      }
       results[w.index] = Status::Ok();
     }
   }

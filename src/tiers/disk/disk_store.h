@@ -13,6 +13,7 @@
 #ifndef KVTIER_TIERS_DISK_DISK_STORE_H_
 #define KVTIER_TIERS_DISK_DISK_STORE_H_
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -136,7 +137,12 @@ class DiskStore {
   struct IoContext {
     std::unique_ptr<IoEngine> engine;
     std::vector<AlignedBuffer> buffers;
+    std::vector<std::array<iovec, 2>> iov;  // per buffer: header page + caller's block
   };
+  // Whether a caller's buffer can be the I/O buffer itself (page-aligned, whole pages).
+  bool ZeroCopy(const void* p) const {
+    return options_.block_bytes % 4096 == 0 && reinterpret_cast<uintptr_t>(p) % 4096 == 0;
+  }
 
   explicit DiskStore(const DiskOptions& options, RemovalFn on_removed);
   Status OpenDirectory(std::vector<BlockKey>* removed);

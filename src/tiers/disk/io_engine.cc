@@ -75,6 +75,7 @@ class SyncEngine final : public IoEngine {
 
  private:
   static int64_t Run(const IoRequest& r) {
+    if (r.iov != nullptr) return RunVectored(r);
     uint64_t done = 0;
     while (done < r.len) {
       const ssize_t n = r.write ? ::pwrite(r.fd, r.buf + done, r.len - done, r.offset + done)
@@ -85,6 +86,32 @@ class SyncEngine final : public IoEngine {
       }
       if (n == 0) break;  // end of file on a read
       done += static_cast<uint64_t>(n);
+    }
+    return static_cast<int64_t>(done);
+  }
+  static int64_t RunVectored(const IoRequest& r) {
+    std::vector<iovec> iov(r.iov, r.iov + r.iovcnt);
+    size_t first = 0;
+    uint64_t done = 0;
+    while (first < iov.size()) {
+      const ssize_t n =
+          r.write ? ::pwritev(r.fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                              static_cast<off_t>(r.offset + done))
+                  : ::preadv(r.fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                             static_cast<off_t>(r.offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return -errno;
+      }
+      if (n == 0) break;
+      done += static_cast<uint64_t>(n);
+      // Skips what was transferred; a partial piece continues where it stopped.
+      size_t left = static_cast<size_t>(n);
+      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+      if (first < iov.size()) {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+      }
     }
     return static_cast<int64_t>(done);
   }
@@ -141,7 +168,13 @@ class UringEngine final : public IoEngine {
       sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) std::abort();
     }
-    if (r.write) {
+    if (r.iov != nullptr) {
+      if (r.write) {
+        io_uring_prep_writev(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt), r.offset);
+      } else {
+        io_uring_prep_readv(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt), r.offset);
+      }
+    } else if (r.write) {
       if (registered_ && r.buf_index >= 0) {
         io_uring_prep_write_fixed(sqe, r.fd, r.buf, r.len, r.offset, r.buf_index);
       } else {

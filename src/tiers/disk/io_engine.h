@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include <sys/uio.h>
+
 #include "kvtier/status.h"
 
 namespace kvtier::disk {
@@ -55,6 +57,10 @@ struct IoRequest {
   uint64_t offset = 0;
   int buf_index = -1;  // index into the registered buffers, or -1
   uint64_t tag = 0;    // returned in the completion
+  // Vectored instead (buf/len/buf_index unused): iovcnt pieces, contiguous in the file from
+  // offset. The array must stay valid until the request completes.
+  const iovec* iov = nullptr;
+  int iovcnt = 0;
 };
 
 struct IoCompletion {

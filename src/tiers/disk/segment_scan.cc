@@ -50,7 +50,28 @@ SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,
   scan.file_bytes = file_bytes;
   std::vector<std::byte> page(kPageBytes);
 
+  // While resyncing, pages are read 64 at a time (a preallocated segment cut by a crash ends in
+  // many zero pages); otherwise one header page per record.
+  constexpr uint64_t kChunkPages = 64;
+  std::vector<std::byte> chunk;
+  uint64_t chunk_off = 0, chunk_len = 0;
+  bool resync = false;
   auto read_page = [&](uint64_t off) -> int64_t {
+    if (resync) {
+      if (off < chunk_off || off + kPageBytes > chunk_off + chunk_len) {
+        chunk.resize(kChunkPages * kPageBytes);
+        const int64_t n = read(off, chunk);
+        if (n < 0) return n;
+        chunk_off = off;
+        chunk_len = static_cast<uint64_t>(n);
+        if (chunk_len < kPageBytes) {
+          std::memset(chunk.data() + chunk_len, 0, kPageBytes - chunk_len);
+          chunk_len = kPageBytes;
+        }
+      }
+      std::memcpy(page.data(), chunk.data() + (off - chunk_off), kPageBytes);
+      return static_cast<int64_t>(kPageBytes);
+    }
     const int64_t n = read(off, page);
     if (n >= 0 && static_cast<uint64_t>(n) < kPageBytes) {
       std::memset(page.data() + n, 0, kPageBytes - static_cast<uint64_t>(n));
@@ -102,6 +123,7 @@ SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,
     uint32_t version = 0;
     std::optional<RecordHeader> h = ParseRecordHeader(page, &err, &version);
     if (!h) {
+      resync = true;
       if (bad_len == 0) {
         bad_start = off;
         bad_error = err;
@@ -118,6 +140,7 @@ SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,
       off += kPageBytes;
       continue;
     }
+    resync = false;
     const uint64_t len = h->record_bytes();
     if (off + len > file_bytes) {
       flush_bad(false);
