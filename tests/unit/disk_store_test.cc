@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -440,6 +442,47 @@ TEST_P(DiskStoreTest, StatsReportTheBackendAndBuffers) {
   EXPECT_EQ(st.queue_depth, 8u);
   EXPECT_EQ(st.segments, 1u);
   EXPECT_EQ(st.used_bytes, kPageBytes);
+}
+
+// io_uring pins registered buffers against RLIMIT_MEMLOCK (8 MiB for non-root here): a refused
+// registration must fall back to plain buffers and say why. Run in a child whose limit is
+// lowered (and, as root, which drops to nobody, since CAP_IPC_LOCK ignores the limit).
+TEST(DiskIoEngineTest, RefusedBufferRegistrationFallsBackAndSaysWhy) {
+  {
+    IoEngineOptions probe;
+    probe.backend = IoBackend::kUring;
+    if (!MakeIoEngine(probe).ok()) GTEST_SKIP() << "io_uring unavailable here";
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{1 << 20, 1 << 20};
+    if (::setrlimit(RLIMIT_MEMLOCK, &lim) != 0) _exit(10);
+    if (::geteuid() == 0 && ::setresuid(65534, 65534, 65534) != 0) _exit(11);
+    AlignedBuffer buf(4 << 20);
+    IoEngineOptions o;
+    o.backend = IoBackend::kUring;
+    o.queue_depth = 4;
+    o.buffers = {buf.span()};
+    auto engine = MakeIoEngine(o);
+    if (!engine.ok()) _exit(12);
+    if ((*engine)->registered_buffers()) _exit(13);
+    if ((*engine)->note().find("RLIMIT_MEMLOCK") == std::string::npos) _exit(14);
+    // Still usable without registration.
+    AlignedBuffer data(4096);
+    std::memset(data.data(), 0x5a, 4096);
+    FILE* f = std::tmpfile();
+    if (f == nullptr) _exit(15);
+    (*engine)->Queue(IoRequest{true, ::fileno(f), data.data(), 4096, 0, 0, 1});
+    std::vector<IoCompletion> done;
+    if (!(*engine)->Wait(1, &done).ok() || done.size() != 1 || done[0].result != 4096) _exit(16);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 13) GTEST_SKIP() << "the kernel registered past RLIMIT_MEMLOCK";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DiskStoreTest,
