@@ -110,6 +110,55 @@ void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
   lookup->pins.Release();
 }
 
+TEST(DiskCacheRestartTest, BlocksStoredBeforeARestartLoadBackExactAfterIt) {
+  ::kvtier::testing::TempDir dir;
+  const KvLayout layout = SmallLayout();
+  const uint64_t bb = layout.bytes_per_block();
+  constexpr uint32_t kBlocks = 12;
+  auto options = [&] {
+    CacheOptions o;
+    o.layout = layout;
+    o.model_id = "disk-restart-test";
+    TierSpec host;
+    host.kind = "host";
+    host.capacity_bytes = 4 * bb;
+    host.params = {{"prefault", "false"}, {"huge_pages", "false"}, {"pin", "false"}};
+    TierSpec disk;
+    disk.kind = "disk";
+    disk.capacity_bytes = 4 << 20;
+    disk.params = {{"path", dir.path() + "/ssd"}, {"segment_bytes", "256KiB"}};
+    o.tiers = {host, disk};
+    return o;
+  };
+  std::vector<TokenId> tokens(kBlocks * layout.block_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 13 + 5);
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ConstBlock> blocks;
+  for (uint32_t i = 0; i < kBlocks; ++i) data.push_back(Bytes(100 + i, bb));
+  for (auto& d : data) blocks.emplace_back(d);
+  {
+    auto cache = Cache::Open(options());
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    auto stored = (*cache)->Store(tokens, blocks);
+    ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+    EXPECT_EQ(stored->failed_blocks, 0u) << stored->first_error.ToString();
+  }
+  // A new process: the host tier is empty, the disk tier rebuilt its index from the files.
+  auto cache = Cache::Open(options());
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  auto lookup = (*cache)->Lookup(tokens);
+  ASSERT_TRUE(lookup.ok()) << lookup.status().ToString();
+  ASSERT_EQ(lookup->hit_blocks, kBlocks);
+  EXPECT_EQ(lookup->blocks_by_tier[1], kBlocks);
+  std::vector<std::vector<std::byte>> out(kBlocks, std::vector<std::byte>(bb));
+  std::vector<MutableBlock> dst;
+  for (auto& d : out) dst.emplace_back(d);
+  auto loaded = (*cache)->Load(*lookup, dst);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->loaded_blocks, kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) EXPECT_EQ(out[i], data[i]) << "block " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, DiskCacheTest,
                          ::testing::Values(WriteMode::kWriteThrough, WriteMode::kWriteBack),
                          [](const ::testing::TestParamInfo<WriteMode>& p) {

@@ -55,6 +55,7 @@ TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
   EXPECT_TRUE(c.persistent);
   EXPECT_TRUE(c.verify_on_load);
   EXPECT_TRUE(c.stores_bytes);
+  EXPECT_FALSE(c.authoritative);  // a new Cache asks Exists: the files outlive its index
   const auto names = TierKindNames();
   EXPECT_NE(std::find(names.begin(), names.end(), "disk"), names.end());
 }

@@ -49,7 +49,9 @@ TierCapabilities DiskTier::CapabilitiesImpl() const {
   TierCapabilities c;
   c.stores_bytes = true;
   c.managed_by_cache = false;  // whole-segment eviction, reported through NotifyRemoved
-  c.authoritative = true;
+  // Not authoritative: after a restart the Cache's index is empty while the files hold blocks a
+  // previous process stored, so Lookup asks Exists (an in-memory lookup) beyond its own prefix.
+  c.authoritative = false;
   c.persistent = true;
   c.shared = false;
   c.verify_on_load = true;

@@ -2,7 +2,8 @@
 //
 // Self-managed: it evicts whole segments (oldest first) on its own and reports the keys it
 // dropped through the removal listener; it survives restarts (the index is rebuilt from the
-// segment files) and its bytes come from outside the process, so the Cache verifies them.
+// segment files, and the tier is not authoritative, so a new Cache finds those blocks through
+// Exists) and its bytes come from outside the process, so the Cache verifies them.
 //
 // Thread-safety: every method may be called concurrently (see DiskStore). Ownership: the tier
 // owns its store; it never keeps a caller's buffers past a call.
