@@ -494,7 +494,7 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
   // Runs right after a roll: the budget (a quarter segment) fits in the new active segment.
   AlignedBuffer& buf = writer_->buffers[0];
   for (const auto& [key, loc] : hot) {
-    std::shared_ptr<Segment> src, dst;
+    std::shared_ptr<Segment> dst;
     {
       MutexLock l(&mu_);
       auto e = index_.find(key);
