@@ -304,6 +304,54 @@ TEST_P(DiskStoreTest, FlippedHeaderByteSkipsOnlyThatRecordAtOpen) {
   EXPECT_GE(s->stats().corruptions, 1u);
 }
 
+TEST_P(DiskStoreTest, TornRecordsOfACrashedSegmentAreSkippedAndTrimmed) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
+  auto files = SegmentFiles(dir_.path());
+  ASSERT_EQ(files.size(), 1u);
+  const uint64_t end = std::filesystem::file_size(files[0]);
+  const uint64_t rec = o.record_bytes();
+  // What a crash leaves when writes complete out of order: key 5's header with half its
+  // payload, key 6 complete after it, key 7's header with no payload, then preallocated zeros.
+  auto record = [&](uint64_t n, uint64_t seq, size_t payload_bytes_written) {
+    std::vector<std::byte> r(rec);
+    const std::vector<std::byte> p = Payload(n);
+    RecordHeader h;
+    h.key = Key(n);
+    h.payload_bytes = kBlock;
+    h.layout_fingerprint = kFingerprint;
+    h.sequence = seq;
+    h.payload_checksum = Xxh3(p);
+    EncodeRecordHeader(h, std::span<std::byte>(r).first(kPageBytes));
+    std::memcpy(r.data() + kPageBytes, p.data(), payload_bytes_written);
+    return r;
+  };
+  {
+    const int fd = ::open(files[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const auto r5 = record(5, 1000, kBlock / 2), r6 = record(6, 1001, kBlock),
+               r7 = record(7, 1002, 0);
+    ASSERT_EQ(::pwrite(fd, r5.data(), rec, static_cast<off_t>(end)), ssize_t(rec));
+    ASSERT_EQ(::pwrite(fd, r6.data(), rec, static_cast<off_t>(end + rec)), ssize_t(rec));
+    ASSERT_EQ(::pwrite(fd, r7.data(), rec, static_cast<off_t>(end + 2 * rec)), ssize_t(rec));
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(end + 3 * rec + 8 * kPageBytes)), 0);
+    ::close(fd);
+  }
+  auto s = OpenOrDie(o);
+  for (uint64_t n : {0, 1, 2, 3, 4, 6}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_TRUE(GetOne(*s, 5).IsNotFound());
+  EXPECT_TRUE(GetOne(*s, 7).IsNotFound());
+  EXPECT_EQ(s->stats().corruptions, 0u);  // torn, never acknowledged: not corruption
+  EXPECT_EQ(std::filesystem::file_size(files[0]), end + 2 * rec);  // trimmed after key 6
+  PutMany(*s, 7, 1);
+  s.reset();
+  s = OpenOrDie(o);
+  for (uint64_t n : {0, 1, 2, 3, 4, 6, 7}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+}
+
 TEST_P(DiskStoreTest, FutureFormatVersionIsRefused) {
   DiskOptions o = Options(dir_.path(), GetParam());
   {

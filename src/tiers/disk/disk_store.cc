@@ -239,16 +239,6 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
     ::fstat(scan_fd, &st);
     const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
     SegmentScan scan = ScanSegment(PreadReader(scan_fd), file_bytes, options_.layout_fingerprint);
-    uint64_t kept_bytes = file_bytes;
-    if (scan.header && !scan.issues.empty() &&
-        scan.issues.back().kind == ScanIssue::Kind::kTornTail &&
-        scan.issues.back().offset + scan.issues.back().length == file_bytes) {
-      // The unwritten (preallocated or torn) end of a segment the last process did not seal.
-      if (::ftruncate(scan_fd, static_cast<off_t>(scan.issues.back().offset)) == 0) {
-        kept_bytes = scan.issues.back().offset;
-      }
-    }
-    ::close(scan_fd);
     if (!scan.header && scan.header_error == ParseError::kFutureVersion) {
       return Status::InvalidArgument(fmt::format(
           "{}: segment format version {} is newer than this build reads ({}); refusing to open "
@@ -263,6 +253,38 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           seg->path, scan.header->layout_fingerprint, scan.header->block_bytes,
           options_.layout_fingerprint, options_.block_bytes));
     }
+    uint64_t kept_bytes = file_bytes;
+    if (scan.header && !scan.issues.empty() &&
+        scan.issues.back().kind == ScanIssue::Kind::kTornTail &&
+        scan.issues.back().offset + scan.issues.back().length == file_bytes) {
+      // A segment the last process did not seal (it crashed): its unwritten end goes, and the
+      // records that may have been in flight at the crash (at most one writer's buffers) have
+      // their payloads checked now, so a torn one is dropped as torn rather than served later
+      // as Corruption.
+      uint64_t trim = scan.issues.back().offset;
+      const size_t window =
+          std::min<size_t>(scan.records.size(), std::max<size_t>(writer_->buffers.size(), 32));
+      std::vector<std::byte> payload;
+      const ReadAtFn read = PreadReader(scan_fd);
+      for (size_t i = scan.records.size() - window; i < scan.records.size(); ++i) {
+        const ScannedRecord& r = scan.records[i];
+        if (r.header.type != RecordType::kPut) continue;
+        payload.resize(r.header.payload_bytes);
+        if (read(r.offset + kPageBytes, payload) == static_cast<int64_t>(payload.size()) &&
+            Xxh3(payload) == r.header.payload_checksum) {
+          continue;
+        }
+        spdlog::info("disk tier {}: {} offset {}: record cut by the crash (torn), skipped", dir,
+                     seg->path, r.offset);
+        scan.records[i].header.type = RecordType{0};  // skipped below
+      }
+      while (!scan.records.empty() && scan.records.back().header.type == RecordType{0}) {
+        trim = scan.records.back().offset;
+        scan.records.pop_back();
+      }
+      if (::ftruncate(scan_fd, static_cast<off_t>(trim)) == 0) kept_bytes = trim;
+    }
+    ::close(scan_fd);
     const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(),
                                          [](const ScanIssue& i) { return i.is_corruption(); });
     if (file_bytes < kPageBytes || (scan.header && scan.records.empty() && !any_corrupt)) {
@@ -304,6 +326,7 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
       // Records in file order, segments in id order: that is sequence order, so later wins.
       for (const ScannedRecord& r : scan.records) {
         max_seq = std::max(max_seq, r.header.sequence);
+        if (r.header.type == RecordType{0}) continue;  // torn at the crash
         if (r.header.type == RecordType::kTombstone) {
           auto it = index_.find(r.header.key);
           if (it != index_.end() && it->second.seq < r.header.sequence) {
