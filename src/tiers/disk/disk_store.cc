@@ -588,6 +588,9 @@ void DiskStore::Put(std::span<const BlockKey> keys,
     for (Status& r : results) r = Status::Unavailable("write not completed");
     bool wrote = false;
     size_t next = 0;
+    // sums[i - sums_base] is the payload checksum of block i, for next <= i < summed.
+    std::vector<uint64_t> sums;
+    size_t summed = 0, sums_base = 0;
     Status roll_error;
     while (next < keys.size() || ctx.engine->outstanding() > 0) {
       while (next < keys.size() && !free_bufs.empty() && roll_error.ok()) {
@@ -615,7 +618,7 @@ void DiskStore::Put(std::span<const BlockKey> keys,
         h.payload_bytes = options_.block_bytes;
         h.layout_fingerprint = options_.layout_fingerprint;
         h.sequence = next_seq_++;
-        h.payload_checksum = Xxh3(blocks[next]);
+        h.payload_checksum = next < summed ? sums[next - sums_base] : Xxh3(blocks[next]);
         EncodeRecordHeader(h, {buf, kPageBytes});
         IoRequest req{
             true, seg->fd, buf, static_cast<uint32_t>(record_bytes_), off, static_cast<int>(b), b};
@@ -640,6 +643,17 @@ void DiskStore::Put(std::span<const BlockKey> keys,
         for (; next < keys.size(); ++next) results[next] = roll_error;
       }
       if (ctx.engine->outstanding() == 0) continue;
+      // While the device writes, the next block's checksum is computed (one ahead per wait).
+      ctx.engine->Submit();
+      if (summed < next) {
+        summed = next;
+        sums_base = next;
+        sums.clear();
+      }
+      if (summed < keys.size() && blocks[summed].size() == options_.block_bytes) {
+        sums.push_back(Xxh3(blocks[summed]));
+        ++summed;
+      }
       done.clear();
       Status st = ctx.engine->Wait(1, &done);
       if (!st.ok()) {
@@ -725,8 +739,22 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
   for (uint32_t b = nbuf; b-- > 0;) free_bufs.push_back(b);
   std::vector<IoCompletion> done;
   std::vector<std::pair<BlockKey, uint64_t>> corrupt;  // key, seq
+  // Reads that landed in the caller's buffer: their header is checked at once (freeing the
+  // bounce page for the next read), their payload after the next reads are submitted.
+  struct Deferred {
+    size_t want;
+    uint64_t checksum;
+  };
+  std::vector<Deferred> deferred;
+  auto fail = [&](const Want& w, const std::string& problem) {
+    const std::string where = fmt::format("segment {} offset {}", w.loc.segment_id, w.loc.offset);
+    results[w.index] = Status::Corruption(fmt::format("{}: {}", where, problem));
+    spdlog::warn("disk tier {}: Corruption: {}: key {}: {}; dropped", options_.path, where,
+                 KeyHex(keys[w.index]), problem);
+    corrupt.emplace_back(keys[w.index], w.loc.seq);
+  };
   size_t next = 0;
-  while (next < wants.size() || ctx->engine->outstanding() > 0) {
+  auto refill = [&] {
     while (next < wants.size() && !free_bufs.empty()) {
       const uint32_t b = free_bufs.back();
       free_bufs.pop_back();
@@ -749,6 +777,9 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       ctx->engine->Queue(req);
       ++next;
     }
+  };
+  refill();
+  while (ctx->engine->outstanding() > 0) {
     done.clear();
     Status st = ctx->engine->Wait(1, &done);
     if (!st.ok()) {
@@ -760,24 +791,19 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       }
       return;  // a broken ring is not reused
     }
+    deferred.clear();
     for (const IoCompletion& c : done) {
       const uint32_t b = static_cast<uint32_t>(c.tag);
-      const Want& w = wants[slot[b]];
-      free_bufs.push_back(b);
-      auto where = [&w] {
-        return fmt::format("segment {} offset {}", w.loc.segment_id, w.loc.offset);
-      };
+      const size_t wi = slot[b];
+      const Want& w = wants[wi];
       if (c.result != static_cast<int64_t>(record_bytes_)) {
+        free_bufs.push_back(b);
         results[w.index] = Status::Unavailable(fmt::format(
-            "{}: read: {}", where(),
+            "segment {} offset {}: read: {}", w.loc.segment_id, w.loc.offset,
             c.result < 0 ? Errno(static_cast<int>(-c.result)) : std::string("short read")));
         continue;
       }
       const std::span<const std::byte> rec(ctx->buffers[b].data(), record_bytes_);
-      const bool direct_out = ZeroCopy(out[w.index].data());
-      const std::span<const std::byte> payload =
-          direct_out ? std::span<const std::byte>(out[w.index])
-                     : rec.subspan(kPageBytes, options_.block_bytes);
       ParseError err = ParseError::kNotAHeader;
       std::optional<RecordHeader> h = ParseRecordHeader(rec, &err);
       std::string problem;
@@ -789,20 +815,37 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
       } else if (h->payload_bytes != options_.block_bytes ||
                  h->layout_fingerprint != options_.layout_fingerprint) {
         problem = "header of another layout";
-      } else if (Xxh3(payload) != h->payload_checksum) {
-        problem = "payload checksum mismatch";
       }
       if (!problem.empty()) {
-        results[w.index] = Status::Corruption(fmt::format("{}: {}", where(), problem));
-        spdlog::warn("disk tier {}: Corruption: {}: key {}: {}; dropped", options_.path, where(),
-                     KeyHex(keys[w.index]), problem);
-        corrupt.emplace_back(keys[w.index], w.loc.seq);
+        free_bufs.push_back(b);
+        fail(w, problem);
         continue;
       }
-      if (!direct_out) {
-        std::memcpy(out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
+      if (ZeroCopy(out[w.index].data())) {
+        free_bufs.push_back(b);
+        deferred.push_back({wi, h->payload_checksum});
+        continue;
       }
+      // Bounce path: verify and copy out before the buffer is reused.
+      if (Xxh3(rec.subspan(kPageBytes, options_.block_bytes)) != h->payload_checksum) {
+        free_bufs.push_back(b);
+        fail(w, "payload checksum mismatch");
+        continue;
+      }
+      std::memcpy(out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
+      free_bufs.push_back(b);
       results[w.index] = Status::Ok();
+    }
+    // The device works on the next reads while the landed ones are checked.
+    refill();
+    ctx->engine->Submit();
+    for (const Deferred& d : deferred) {
+      const Want& w = wants[d.want];
+      if (Xxh3(out[w.index]) != d.checksum) {
+        fail(w, "payload checksum mismatch");
+      } else {
+        results[w.index] = Status::Ok();
+      }
     }
   }
   ReleaseReader(std::move(ctx));

@@ -63,6 +63,7 @@ class SyncEngine final : public IoEngine {
   std::string_view name() const override { return "pread/pwrite"; }
   IoBackend backend() const override { return IoBackend::kSync; }
   void Queue(const IoRequest& request) override { queued_.push_back(request); }
+  void Submit() override {}
   uint32_t outstanding() const override { return static_cast<uint32_t>(queued_.size()); }
 
   Status Wait(uint32_t min_complete, std::vector<IoCompletion>* out) override {
@@ -156,6 +157,16 @@ class UringEngine final : public IoEngine {
   std::string_view name() const override { return "io_uring"; }
   IoBackend backend() const override { return IoBackend::kUring; }
   uint32_t outstanding() const override { return queued_ + in_flight_; }
+
+  void Submit() override {
+    if (queued_ == 0) return;
+    const int rc = io_uring_submit(&ring_);
+    if (rc > 0) {
+      const uint32_t submitted = std::min<uint32_t>(static_cast<uint32_t>(rc), queued_);
+      queued_ -= submitted;
+      in_flight_ += submitted;
+    }
+  }
 
   void Queue(const IoRequest& r) override {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);

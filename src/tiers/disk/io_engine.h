@@ -91,6 +91,8 @@ class IoEngine {
 
   // Queues a request. Precondition: outstanding() < queue_depth().
   virtual void Queue(const IoRequest& request) = 0;
+  // Starts what is queued without waiting (io_uring); the pread engine runs requests in Wait.
+  virtual void Submit() = 0;
   // Submits what is queued and appends at least min(min_complete, outstanding()) completions to
   // *out. Non-OK only when the engine itself failed (the ring broke); per-request errors are
   // in IoCompletion::result.
