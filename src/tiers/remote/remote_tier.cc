@@ -279,6 +279,13 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
     if (r->type == REDIS_REPLY_ERROR) {
       std::string text(r->str, r->len);
       Release(node, std::move(*conn), true);
+      if (StartsWith(text, "NOAUTH") || StartsWith(text, "WRONGPASS")) {
+        return Status::InvalidArgument("password: " + seed.ToString() + " requires AUTH: " + text);
+      }
+      if (StartsWith(text, "NOPERM")) {
+        return Status::InvalidArgument("user: may not run CLUSTER SLOTS on " + seed.ToString() +
+                                       " (" + text + "); grant it or set mode=single");
+      }
       if (text.find("cluster support disabled") != std::string::npos) {
         if (options_.mode == "cluster") {
           return Status::InvalidArgument("mode: cluster, but " + seed.ToString() +
