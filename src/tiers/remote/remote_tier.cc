@@ -158,9 +158,9 @@ struct RemoteTier::Node {
   Node(NodeAddress a, const CircuitBreakerOptions& b, uint64_t seed)
       : address(std::move(a)), breaker(b, seed) {}
   const NodeAddress address;
-  std::mutex mu;
-  std::vector<std::unique_ptr<RedisConnection>> idle;  // guarded by mu
-  CircuitBreaker breaker;                              // guarded by mu
+  Mutex mu;
+  std::vector<std::unique_ptr<RedisConnection>> idle KVTIER_GUARDED_BY(mu);
+  CircuitBreaker breaker KVTIER_GUARDED_BY(mu);
 };
 
 enum class OpKind : uint8_t { kGet, kSet, kExists, kDel };
@@ -233,26 +233,26 @@ uint16_t RemoteTier::InternNodeLocked(const NodeAddress& address) {
 }
 
 RemoteTier::Node* RemoteTier::NodeAt(uint16_t index) const {
-  std::lock_guard<std::mutex> lock(topo_mu_);
+  MutexLock lock(&topo_mu_);
   return index < nodes_.size() ? nodes_[index].get() : nullptr;
 }
 
 bool RemoteTier::is_cluster() const {
-  std::lock_guard<std::mutex> lock(topo_mu_);
+  MutexLock lock(&topo_mu_);
   return cluster_;
 }
 
 Status RemoteTier::Discover(int64_t deadline_ns) {
   std::lock_guard<std::mutex> refresh(refresh_mu_);
   {
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     if (discovered_) return Status::Ok();
   }
   Status last = Status::Unavailable("no seed given");
   for (const NodeAddress& seed : url_.seeds) {
     Node* node;
     {
-      std::lock_guard<std::mutex> lock(topo_mu_);
+      MutexLock lock(&topo_mu_);
       node = nodes_[InternNodeLocked(seed)].get();
     }
     Result<std::unique_ptr<RedisConnection>> conn = Acquire(node, deadline_ns);
@@ -263,7 +263,7 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
     }
     if (options_.mode == "single") {
       Release(node, std::move(*conn), true);
-      std::lock_guard<std::mutex> lock(topo_mu_);
+      MutexLock lock(&topo_mu_);
       slot_node_.fill(InternNodeLocked(seed));
       cluster_ = false;
       discovered_ = true;
@@ -291,7 +291,7 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
           return Status::InvalidArgument("mode: cluster, but " + seed.ToString() +
                                          " has cluster support disabled");
         }
-        std::lock_guard<std::mutex> lock(topo_mu_);
+        MutexLock lock(&topo_mu_);
         slot_node_.fill(InternNodeLocked(seed));
         cluster_ = false;
         discovered_ = true;
@@ -312,7 +312,7 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
       continue;
     }
     counters_.topology_refreshes.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     slot_node_.fill(kNoNode);
     for (const SlotRange& range : *ranges) {
       uint16_t n = InternNodeLocked(range.master);
@@ -330,7 +330,7 @@ Status RemoteTier::RefreshTopology() {
   int64_t deadline = SteadyNowNs() + int64_t{options_.timeout_ms} * kMs;
   bool discovered, cluster;
   {
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     discovered = discovered_;
     cluster = cluster_;
   }
@@ -343,7 +343,7 @@ Status RemoteTier::RefreshTopology() {
 void RemoteTier::MaybeRefresh(int64_t deadline_ns) {
   bool discovered;
   {
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     discovered = discovered_;
   }
   if (!discovered) {
@@ -362,7 +362,7 @@ Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
   last_refresh_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
   std::vector<Node*> candidates;
   {
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     if (!cluster_) return Status::Ok();
     for (const auto& n : nodes_) candidates.push_back(n.get());
   }
@@ -386,7 +386,7 @@ Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
       continue;
     }
     counters_.topology_refreshes.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     slot_node_.fill(kNoNode);
     for (const SlotRange& range : *ranges) {
       uint16_t n = InternNodeLocked(range.master);
@@ -404,7 +404,7 @@ Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
 Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
                                                              int64_t deadline_ns) const {
   {
-    std::lock_guard<std::mutex> lock(node->mu);
+    MutexLock lock(&node->mu);
     int64_t now = SteadyNowNs();
     if (!node->breaker.Allow(now)) {
       counters_.fast_failures.fetch_add(1, std::memory_order_relaxed);
@@ -427,7 +427,7 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
   }
   counters_.connect_failures.fetch_add(1, std::memory_order_relaxed);
   if (conn.status().code() != StatusCode::kInvalidArgument) {
-    std::lock_guard<std::mutex> lock(node->mu);
+    MutexLock lock(&node->mu);
     uint64_t opens = node->breaker.opens();
     node->breaker.RecordFailure(SteadyNowNs());
     if (node->breaker.opens() != opens) {
@@ -440,7 +440,7 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
 
 void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const {
   std::unique_ptr<RedisConnection> drop;  // closed outside the lock
-  std::lock_guard<std::mutex> lock(node->mu);
+  MutexLock lock(&node->mu);
   if (healthy) {
     node->breaker.RecordSuccess();
     if (conn != nullptr && node->idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
@@ -555,7 +555,7 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
   if (reply.type == RespReply::Type::kError) {
     std::optional<Redirect> redirect;
     {
-      std::lock_guard<std::mutex> lock(topo_mu_);
+      MutexLock lock(&topo_mu_);
       redirect = ParseRedirect(reply.text, from.host);
       if (redirect) {
         uint16_t n = InternNodeLocked(redirect->target);
@@ -618,7 +618,7 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
   std::vector<Flight> flights;
   {
     std::vector<int> flight_of;  // node index -> flight index
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     flight_of.assign(nodes_.size(), -1);
     for (size_t i : pending) {
       uint16_t n = batch.target[i] != kNoNode ? batch.target[i] : slot_node_[batch.slots[i]];
@@ -910,7 +910,7 @@ uint64_t RemoteTier::UsedBytesImpl() const {
   usage_at_ns_.store(now, std::memory_order_relaxed);
   std::vector<Node*> nodes;
   {
-    std::lock_guard<std::mutex> topo(topo_mu_);
+    MutexLock topo(&topo_mu_);
     std::vector<uint8_t> serving(nodes_.size(), 0);
     for (uint16_t n : slot_node_) {
       if (n != kNoNode) serving[n] = 1;
@@ -961,7 +961,7 @@ TierCapabilities RemoteTier::CapabilitiesImpl() const {
 RemoteStats RemoteTier::remote_stats() const {
   RemoteStats s;
   {
-    std::lock_guard<std::mutex> lock(topo_mu_);
+    MutexLock lock(&topo_mu_);
     s.cluster = cluster_;
     s.nodes = static_cast<int>(nodes_.size());
   }

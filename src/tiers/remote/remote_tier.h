@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "kvtier/tier.h"
 #include "tiers/remote/circuit_breaker.h"
 #include "tiers/remote/cluster_slots.h"
@@ -119,7 +120,7 @@ class RemoteTier final : public Tier {
   Status Discover(int64_t deadline_ns);
   Status RefreshTopologyLocked(int64_t deadline_ns);
   void MaybeRefresh(int64_t deadline_ns);
-  uint16_t InternNodeLocked(const NodeAddress& address);
+  uint16_t InternNodeLocked(const NodeAddress& address) KVTIER_REQUIRES(topo_mu_);
   Node* NodeAt(uint16_t index) const;
 
   Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, int64_t deadline_ns) const;
@@ -138,11 +139,11 @@ class RemoteTier final : public Tier {
   ConnectionOptions conn_options_;
   const uint64_t fingerprint_;
 
-  mutable std::mutex topo_mu_;
-  bool discovered_ = false;                        // guarded by topo_mu_
-  bool cluster_ = false;                           // guarded by topo_mu_
-  std::vector<std::unique_ptr<Node>> nodes_;       // guarded by topo_mu_; append-only
-  std::array<uint16_t, kClusterSlots> slot_node_;  // guarded by topo_mu_
+  mutable Mutex topo_mu_;
+  bool discovered_ KVTIER_GUARDED_BY(topo_mu_) = false;
+  bool cluster_ KVTIER_GUARDED_BY(topo_mu_) = false;
+  std::vector<std::unique_ptr<Node>> nodes_ KVTIER_GUARDED_BY(topo_mu_);  // append-only
+  std::array<uint16_t, kClusterSlots> slot_node_ KVTIER_GUARDED_BY(topo_mu_);
   std::atomic<bool> stale_{false};
   std::atomic<int64_t> last_refresh_ns_{0};
   std::mutex refresh_mu_;  // one refresh at a time
