@@ -4,6 +4,7 @@
 #include "kvtier/cache.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/metadata/metadata_tier.h"
+#include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -36,7 +37,7 @@ Result<bool> BoolParam(const TierSpec& spec, const std::string& key, bool fallba
 
 }  // namespace
 
-std::vector<std::string> TierKindNames() { return {"device", "host", "metadata"}; }
+std::vector<std::string> TierKindNames() { return {"device", "host", "metadata", "remote"}; }
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout) {
   const std::string name = spec.name.empty() ? spec.kind : spec.name;
@@ -58,6 +59,13 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
   if (spec.kind == "metadata") {
     KVTIER_RETURN_IF_ERROR(CheckParams(named, {}));
     KVTIER_ASSIGN_OR_RETURN(auto tier, MetadataTier::Open(layout, name, spec.capacity_bytes));
+    return std::unique_ptr<Tier>(std::move(tier));
+  }
+  if (spec.kind == "remote") {
+    // Params (url, timeout_ms, ttl_s, user, password, ...) are checked and named there.
+    auto o = remote::RemoteTierOptionsFromParams(name, layout, spec.capacity_bytes, spec.params);
+    if (!o.ok()) return o.status().WithContext("tier '" + name + "'");
+    KVTIER_ASSIGN_OR_RETURN(auto tier, remote::RemoteTier::Open(std::move(o).value()));
     return std::unique_ptr<Tier>(std::move(tier));
   }
   std::string known;

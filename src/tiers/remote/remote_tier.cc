@@ -881,9 +881,18 @@ Status RemoteTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> ou
   batch.results = batch.owned_results;
   for (size_t i = 0; i < keys.size(); ++i) out[i] = false;
   Run(batch);
+  // A key whose node could not answer reads as absent (a miss is always safe for a cache);
+  // only when no key could be answered does the call fail.
+  const Status* failure = nullptr;
+  size_t answered = 0;
   for (const Status& s : batch.owned_results) {
-    if (!s.ok()) return s;  // out[i] is true only for keys confirmed resident
+    if (s.ok()) {
+      ++answered;
+    } else if (failure == nullptr) {
+      failure = &s;
+    }
   }
+  if (failure != nullptr && answered == 0) return *failure;
   return Status::Ok();
 }
 

@@ -99,6 +99,8 @@ class RemoteTier final : public Tier {
                std::span<Status> results) override;
   void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                std::span<Status> results) override;
+  // out[i] is true only for keys confirmed resident; a key whose node did not answer reads as
+  // absent. Unavailable only when no key could be answered.
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
