@@ -22,6 +22,8 @@ constexpr int64_t kMs = 1'000'000;
 constexpr int64_t kRefreshIntervalNs = 100 * kMs;
 constexpr int64_t kUsageIntervalNs = 1000 * kMs;
 constexpr size_t kMaxIov = 512;
+// From this size a value is a "big argument" to Redis (PROTO_MBULK_BIG_ARG).
+constexpr uint64_t kBigValueBytes = 32 * 1024;
 
 void AppendBulk(std::string* out, std::string_view arg) {
   *out += '$';
@@ -70,6 +72,11 @@ Status RemoteTierOptions::Validate() const {
   if (connect_timeout_ms < 1) return Status::InvalidArgument("connect_timeout_ms: must be >= 1");
   if (timeout_ms < 1) return Status::InvalidArgument("timeout_ms: must be >= 1");
   if (max_redirects < 1) return Status::InvalidArgument("max_redirects: must be >= 1");
+  if (connections_per_node < 1 || connections_per_node > 64) {
+    return Status::InvalidArgument("connections_per_node: must be in [1, 64]");
+  }
+  if (set_window < 0) return Status::InvalidArgument("set_window: must be >= 0");
+  if (get_window < 0) return Status::InvalidArgument("get_window: must be >= 0");
   if (max_idle_connections < 0) {
     return Status::InvalidArgument("max_idle_connections: must be >= 0");
   }
@@ -96,7 +103,10 @@ Result<RemoteTierOptions> RemoteTierOptionsFromParams(
                                        "breaker_failures",
                                        "breaker_backoff_ms",
                                        "breaker_max_backoff_ms",
-                                       "lazy_connect"};
+                                       "lazy_connect",
+                                       "connections_per_node",
+                                       "set_window",
+                                       "get_window"};
   for (const auto& [key, value] : params) {
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
       std::string known;
@@ -130,6 +140,12 @@ Result<RemoteTierOptions> RemoteTierOptionsFromParams(
   KVTIER_ASSIGN_OR_RETURN(int64_t bf, ParamInt(params, "breaker_failures", 3, 1, 1000));
   KVTIER_ASSIGN_OR_RETURN(int64_t bb, ParamInt(params, "breaker_backoff_ms", 100, 1, kIntMax));
   KVTIER_ASSIGN_OR_RETURN(int64_t bm, ParamInt(params, "breaker_max_backoff_ms", 5000, 1, kIntMax));
+  KVTIER_ASSIGN_OR_RETURN(int64_t cpn, ParamInt(params, "connections_per_node", 2, 1, 64));
+  KVTIER_ASSIGN_OR_RETURN(int64_t sw, ParamInt(params, "set_window", 1, 0, 1 << 20));
+  KVTIER_ASSIGN_OR_RETURN(int64_t gw, ParamInt(params, "get_window", 1, 0, 1 << 20));
+  o.connections_per_node = static_cast<int>(cpn);
+  o.set_window = static_cast<int>(sw);
+  o.get_window = static_cast<int>(gw);
   o.connect_timeout_ms = static_cast<int>(ct);
   o.timeout_ms = static_cast<int>(t);
   o.max_redirects = static_cast<int>(r);
@@ -190,7 +206,17 @@ struct RemoteTier::Flight {
   std::string arena;
   std::vector<iovec> iov;
   size_t iov_pos = 0;
+  std::vector<uint64_t> cmd_end;  // per command: stream bytes up to its end
+  uint64_t sent = 0;              // stream bytes sent
+  size_t window = 0;              // commands in flight at most; 0 = no limit
   bool done = false;
+
+  // Stream bytes that may be sent now: everything, or up to the window's last command.
+  uint64_t SendLimit() const {
+    if (cmd_end.empty()) return 0;
+    if (window == 0) return cmd_end.back();
+    return cmd_end[std::min(next_reply + window, cmd_end.size()) - 1];
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -493,13 +519,20 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
   };
   std::string ttl = std::to_string(options_.ttl_s);
   RespReader& reader = flight.conn->reader();
+  uint64_t stream = 0;  // bytes of the stream so far
   for (size_t i : flight.ops) {
     size_t start = flight.arena.size();
     if (batch.asking[i]) {
       flight.arena += "*1\r\n$6\r\nASKING\r\n";
       reader.Expect();
       flight.replies.push_back(-1);
+      stream += flight.arena.size() - start;
+      flight.cmd_end.push_back(stream);
+      arena_mark(start);
+      start = flight.arena.size();
     }
+    const uint64_t cmd_start_arena = start;
+    uint64_t cmd_extra = 0;  // caller bytes (header, block) of this command
     const std::string& key = batch.rkeys[i];
     switch (batch.kind) {
       case OpKind::kGet:
@@ -528,6 +561,7 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
         if (!batch.blocks[i].empty()) {
           segs.push_back({batch.blocks[i].data(), 0, batch.blocks[i].size()});
         }
+        cmd_extra = kValueHeaderBytes + batch.blocks[i].size();
         start = flight.arena.size();
         flight.arena += "\r\n";
         if (options_.ttl_s > 0) {
@@ -539,6 +573,8 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
       }
     }
     arena_mark(start);
+    stream += flight.arena.size() - cmd_start_arena + cmd_extra;
+    flight.cmd_end.push_back(stream);
     flight.replies.push_back(static_cast<int64_t>(i));
   }
   flight.iov.reserve(segs.size());
@@ -637,6 +673,28 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
     }
   }
   pending.clear();
+  // Large values: several connections per node, each with a short window. Redis reads a big
+  // argument straight into its final string only when it is alone in the query buffer, so
+  // pipelined multi-MiB SETs cost the server copies; parallel connections keep it busy instead.
+  const bool big =
+      block_bytes() >= kBigValueBytes && (batch.kind == OpKind::kSet || batch.kind == OpKind::kGet);
+  if (big) {
+    const size_t per_node = static_cast<size_t>(options_.connections_per_node);
+    const size_t window =
+        static_cast<size_t>(batch.kind == OpKind::kSet ? options_.set_window : options_.get_window);
+    std::vector<Flight> split;
+    for (Flight& f : flights) {
+      size_t parts = std::min(per_node, f.ops.size());
+      size_t first = split.size();
+      for (size_t p = 0; p < parts; ++p) {
+        split.emplace_back();
+        split.back().node = f.node;
+        split.back().window = window;
+      }
+      for (size_t j = 0; j < f.ops.size(); ++j) split[first + j % parts].ops.push_back(f.ops[j]);
+    }
+    flights = std::move(split);
+  }
 
   auto fail_rest = [&](Flight& f, const Status& s) {
     // Every op whose reply has not arrived gets s.
@@ -654,10 +712,18 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
     stale_.store(true, std::memory_order_relaxed);
   };
 
+  std::vector<std::pair<Node*, Status>> unreachable;  // one failed connect fails the node's rest
   for (Flight& f : flights) {
+    auto known = std::find_if(unreachable.begin(), unreachable.end(),
+                              [&](const auto& u) { return u.first == f.node; });
+    if (known != unreachable.end()) {
+      fail_rest(f, known->second);
+      continue;
+    }
     Result<std::unique_ptr<RedisConnection>> conn = Acquire(f.node, deadline_ns);
     if (!conn.ok()) {
       fail_rest(f, conn.status());
+      unreachable.emplace_back(f.node, conn.status());
       if (conn.status().code() != StatusCode::kInvalidArgument) {
         stale_.store(true, std::memory_order_relaxed);
       }
@@ -675,7 +741,7 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
     for (Flight& f : flights) {
       if (f.done) continue;
       short events = 0;
-      if (f.iov_pos < f.iov.size()) events |= POLLOUT;
+      if (f.sent < f.SendLimit()) events |= POLLOUT;
       if (f.next_reply < f.replies.size()) events |= POLLIN;
       pfds.push_back(pollfd{f.conn->fd(), events, 0});
       polled.push_back(&f);
@@ -703,11 +769,21 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
       short rev = pfds[p].revents;
       if (rev == 0) continue;
       Status io;
-      if ((rev & (POLLOUT | POLLERR | POLLHUP)) && f.iov_pos < f.iov.size()) {
-        while (f.iov_pos < f.iov.size()) {
+      if (rev & (POLLOUT | POLLERR | POLLHUP)) {
+        iovec part[kMaxIov];
+        for (uint64_t limit = f.SendLimit(); f.sent < limit;) {
+          // The window's bytes only: copy the iovecs, cutting the last one short.
+          size_t count = 0;
+          uint64_t room = limit - f.sent;
+          for (size_t v = f.iov_pos; v < f.iov.size() && count < kMaxIov && room > 0; ++v) {
+            part[count] = f.iov[v];
+            if (part[count].iov_len > room) part[count].iov_len = room;
+            room -= part[count].iov_len;
+            ++count;
+          }
           msghdr msg{};
-          msg.msg_iov = f.iov.data() + f.iov_pos;
-          msg.msg_iovlen = std::min(kMaxIov, f.iov.size() - f.iov_pos);
+          msg.msg_iov = part;
+          msg.msg_iovlen = count;
           ssize_t n = sendmsg(f.conn->fd(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
           if (n < 0) {
             if (errno == EINTR) continue;
@@ -718,6 +794,7 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
             break;
           }
           size_t left_n = static_cast<size_t>(n);
+          f.sent += left_n;
           while (left_n > 0) {
             iovec& v = f.iov[f.iov_pos];
             if (left_n >= v.iov_len) {
@@ -768,7 +845,7 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
         fail_flight(f, io);
         continue;
       }
-      if (f.next_reply == f.replies.size() && f.iov_pos == f.iov.size()) {
+      if (f.next_reply == f.replies.size() && f.sent == f.SendLimit()) {
         f.done = true;
         Release(f.node, std::move(f.conn), true);
       }

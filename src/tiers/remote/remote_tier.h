@@ -50,6 +50,12 @@ struct RemoteTierOptions {
   int timeout_ms = 1000;         // deadline of one batched call
   int max_redirects = 5;         // MOVED / ASK rounds per call
   int max_idle_connections = 8;  // pooled per node
+  // Blocks of 32 KiB and more: a call spreads a node's keys over up to connections_per_node
+  // connections, with at most set_window SETs / get_window GETs in flight on each (0: no
+  // limit). Smaller blocks are pipelined on one connection per node.
+  int connections_per_node = 2;
+  int set_window = 1;
+  int get_window = 1;
   CircuitBreakerOptions breaker;
   bool lazy_connect = false;  // Open succeeds even when no seed answers (discover later)
 
@@ -59,7 +65,8 @@ struct RemoteTierOptions {
 
 // Reads TierSpec::params of kind "remote": url (required), user, password, mode, key_prefix,
 // ttl_s, connect_timeout_ms, timeout_ms, max_redirects, max_idle_connections,
-// breaker_failures, breaker_backoff_ms, breaker_max_backoff_ms, lazy_connect.
+// connections_per_node, set_window, get_window, breaker_failures, breaker_backoff_ms,
+// breaker_max_backoff_ms, lazy_connect.
 // InvalidArgument naming the param for an unknown key or a bad value.
 Result<RemoteTierOptions> RemoteTierOptionsFromParams(
     std::string name, const KvLayout& layout, uint64_t capacity_bytes,
