@@ -258,11 +258,6 @@ uint16_t RemoteTier::InternNodeLocked(const NodeAddress& address) {
   return static_cast<uint16_t>(nodes_.size() - 1);
 }
 
-RemoteTier::Node* RemoteTier::NodeAt(uint16_t index) const {
-  MutexLock lock(&topo_mu_);
-  return index < nodes_.size() ? nodes_[index].get() : nullptr;
-}
-
 bool RemoteTier::is_cluster() const {
   MutexLock lock(&topo_mu_);
   return cluster_;

@@ -130,7 +130,6 @@ class RemoteTier final : public Tier {
   Status RefreshTopologyLocked(int64_t deadline_ns);
   void MaybeRefresh(int64_t deadline_ns);
   uint16_t InternNodeLocked(const NodeAddress& address) KVTIER_REQUIRES(topo_mu_);
-  Node* NodeAt(uint16_t index) const;
 
   Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, int64_t deadline_ns) const;
   void Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const;
