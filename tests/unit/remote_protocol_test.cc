@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 #include <string>
@@ -283,6 +285,41 @@ TEST(RespReaderTest, ReadsLongBulksStraightIntoTheSink) {
   ASSERT_TRUE(r.Next(&x));
   EXPECT_TRUE(x.in_sink);
   EXPECT_EQ(std::memcmp(body.data(), value.data() + 48, body.size()), 0);
+}
+
+TEST(RespReaderTest, ReportsEveryBodyByteOnceInOrder) {
+  std::vector<std::byte> value = RandomBytes(48 + 70000, 5);
+  std::string text = "$" + std::to_string(value.size()) + "\r\n" +
+                     std::string(reinterpret_cast<const char*>(value.data()), value.size()) +
+                     "\r\n";
+  for (size_t chunk : {1, 100, 4096, 5000, 1 << 20}) {
+    std::array<std::byte, 48> head{};
+    std::vector<std::byte> body(70000);
+    std::vector<std::byte> seen;
+    RespReader r(1024);
+    BulkSink sink{head, body};
+    sink.on_body = [](void* ctx, std::span<const std::byte> b) {
+      auto* v = static_cast<std::vector<std::byte>*>(ctx);
+      v->insert(v->end(), b.begin(), b.end());
+    };
+    sink.context = &seen;
+    r.Expect(sink);
+    // Feed through ReadTarget/Commit in pieces of `chunk`, as a socket would.
+    std::vector<std::byte> bytes = Bytes(text);
+    size_t off = 0;
+    while (off < bytes.size()) {
+      std::span<std::byte> t = r.ReadTarget();
+      size_t n = std::min({t.size(), chunk, bytes.size() - off});
+      std::memcpy(t.data(), bytes.data() + off, n);
+      ASSERT_TRUE(r.Commit(n).ok());
+      off += n;
+    }
+    RespReply x;
+    ASSERT_TRUE(r.Next(&x));
+    EXPECT_TRUE(x.in_sink);
+    EXPECT_EQ(seen, body) << chunk;
+    EXPECT_EQ(std::memcmp(body.data(), value.data() + 48, body.size()), 0) << chunk;
+  }
 }
 
 TEST(RespReaderTest, ProtocolErrorsAreSticky) {

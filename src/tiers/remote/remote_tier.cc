@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 
+#include "hash/xxh.h"
 #include "tiers/remote/value_format.h"
 
 namespace kvtier::remote {
@@ -192,9 +193,10 @@ struct RemoteTier::Batch {
   std::span<bool> exists;                 // kExists
   std::vector<Status> owned_results;      // when the caller has no per-key results
   std::span<Status> results;
-  std::vector<uint16_t> target;  // kNoNode: route by slot; else a redirect's node
-  std::vector<uint8_t> asking;   // send ASKING before the command
-  std::vector<size_t> corrupt;   // kGet: values to delete
+  std::vector<uint16_t> target;      // kNoNode: route by slot; else a redirect's node
+  std::vector<uint8_t> asking;       // send ASKING before the command
+  std::vector<size_t> corrupt;       // kGet: values to delete
+  std::vector<XXH3_state_t> hashes;  // kGet: checksum of each block as it arrives
 };
 
 struct RemoteTier::Flight {
@@ -533,7 +535,13 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
       case OpKind::kGet:
         flight.arena += "*2\r\n$3\r\nGET\r\n";
         AppendBulk(&flight.arena, key);
-        reader.Expect(BulkSink{batch.headers[i], batch.out[i]});
+        XXH3_64bits_reset(&batch.hashes[i]);
+        reader.Expect(BulkSink{batch.headers[i], batch.out[i],
+                               [](void* state, std::span<const std::byte> bytes) {
+                                 XXH3_64bits_update(static_cast<XXH3_state_t*>(state), bytes.data(),
+                                                    bytes.size());
+                               },
+                               &batch.hashes[i]});
         break;
       case OpKind::kExists:
         flight.arena += "*2\r\n$6\r\nEXISTS\r\n";
@@ -616,7 +624,9 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
       if (reply.type == RespReply::Type::kNil) {
         batch.results[i] = Status::NotFound("remote: no value for " + batch.keys[i].ToHex());
       } else if (reply.type == RespReply::Type::kBulk && reply.in_sink) {
-        batch.results[i] = VerifyValue(batch.headers[i], batch.out[i], batch.keys[i], fingerprint_);
+        batch.results[i] =
+            VerifyValueDigest(batch.headers[i], batch.out[i].size(),
+                              XXH3_64bits_digest(&batch.hashes[i]), batch.keys[i], fingerprint_);
         if (!batch.results[i].ok()) batch.corrupt.push_back(i);
       } else if (reply.type == RespReply::Type::kBulk) {
         batch.results[i] = Status::Corruption(
@@ -934,6 +944,7 @@ void RemoteTier::GetImpl(std::span<const BlockKey> keys, std::span<const Mutable
   batch.out = out;
   batch.results = results;
   batch.headers.resize(keys.size());
+  batch.hashes.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     results[i] =
         out[i].size() == block_bytes()

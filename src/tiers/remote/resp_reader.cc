@@ -56,6 +56,8 @@ Status RespReader::Commit(size_t n) {
   if (!error_.ok()) return error_;
   if (direct_) {
     direct_ = false;
+    const BulkSink& sink = sinks_.front();
+    if (sink.on_body != nullptr && n > 0) sink.on_body(sink.context, BulkRegion().first(n));
     bulk_done_ += n;
     if (bulk_done_ == cur_.bulk_bytes) state_ = State::kBulkEnd;
   } else {
@@ -84,10 +86,13 @@ bool RespReader::Next(RespReply* out) {
 
 void RespReader::CopyBulk(const std::byte* src, size_t n) {
   if (cur_.in_sink) {
+    const BulkSink& sink = sinks_.front();
     while (n > 0) {
+      const bool in_body = bulk_done_ >= sink.head.size();
       std::span<std::byte> region = BulkRegion();
       size_t take = std::min(n, region.size());
       std::memcpy(region.data(), src, take);
+      if (in_body && sink.on_body != nullptr) sink.on_body(sink.context, region.first(take));
       src += take;
       n -= take;
       bulk_done_ += take;

@@ -30,6 +30,10 @@ namespace kvtier::remote {
 struct BulkSink {
   std::span<std::byte> head;
   std::span<std::byte> body;
+  // Called with each run of body bytes right after they land (while they are still in cache),
+  // e.g. to checksum a block without a second pass over it. Optional.
+  void (*on_body)(void* context, std::span<const std::byte> bytes) = nullptr;
+  void* context = nullptr;
   size_t total() const { return head.size() + body.size(); }
   bool empty() const { return head.empty() && body.empty(); }
 };

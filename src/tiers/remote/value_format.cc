@@ -61,6 +61,13 @@ Result<ValueHeader> DecodeValueHeader(std::span<const std::byte> bytes) {
 
 Status VerifyValue(std::span<const std::byte> header_bytes, std::span<const std::byte> payload,
                    const BlockKey& key, uint64_t layout_fingerprint) {
+  return VerifyValueDigest(header_bytes, payload.size(), Checksum64(payload), key,
+                           layout_fingerprint);
+}
+
+Status VerifyValueDigest(std::span<const std::byte> header_bytes, uint64_t payload_bytes,
+                         uint64_t payload_checksum, const BlockKey& key,
+                         uint64_t layout_fingerprint) {
   Result<ValueHeader> h = DecodeValueHeader(header_bytes);
   if (!h.ok()) return h.status();
   if (h->key != key) {
@@ -70,12 +77,12 @@ Status VerifyValue(std::span<const std::byte> header_bytes, std::span<const std:
   if (h->layout_fingerprint != layout_fingerprint) {
     return Status::Corruption("remote value of " + key.ToHex() + ": layout fingerprint differs");
   }
-  if (h->payload_bytes != payload.size()) {
+  if (h->payload_bytes != payload_bytes) {
     return Status::Corruption("remote value of " + key.ToHex() + ": header says " +
                               std::to_string(h->payload_bytes) + " payload bytes, block is " +
-                              std::to_string(payload.size()));
+                              std::to_string(payload_bytes));
   }
-  if (Checksum64(payload) != h->payload_checksum) {
+  if (payload_checksum != h->payload_checksum) {
     return Status::Corruption("remote value of " + key.ToHex() + ": checksum mismatch");
   }
   return Status::Ok();

@@ -43,6 +43,12 @@ Result<ValueHeader> DecodeValueHeader(std::span<const std::byte> bytes);
 Status VerifyValue(std::span<const std::byte> header_bytes, std::span<const std::byte> payload,
                    const BlockKey& key, uint64_t layout_fingerprint);
 
+// As VerifyValue, for a payload of payload_bytes whose Checksum64 the caller already computed
+// (while the bytes arrived).
+Status VerifyValueDigest(std::span<const std::byte> header_bytes, uint64_t payload_bytes,
+                         uint64_t payload_checksum, const BlockKey& key,
+                         uint64_t layout_fingerprint);
+
 // The Redis key of a block: prefix + 32 lower-case hex digits.
 std::string RedisKeyOf(std::string_view prefix, const BlockKey& key);
 
