@@ -134,7 +134,8 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
   }
   result->any_prefix = static_cast<uint32_t>(matched);
   result->masks.resize(matched);
-  for (TierMask a = alive; a; a &= a - 1) result->tier_prefix[__builtin_ctz(a)] = result->any_prefix;
+  for (TierMask a = alive; a; a &= a - 1)
+    result->tier_prefix[__builtin_ctz(a)] = result->any_prefix;
   if (pins) pins->index_ = const_cast<BlockIndex*>(this);
 }
 

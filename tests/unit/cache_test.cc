@@ -224,8 +224,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
 // Regression: moving a victim down could evict from the tier below, and both levels shared
 // one scratch buffer, so the first victim was stored with the second victim's bytes.
 TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
-  auto cache = OpenCache({Host(2, "hbm"), Host(3, "dram"), Host(64, "ssd")},
-                         WriteMode::kWriteBack);
+  auto cache = OpenCache({Host(2, "hbm"), Host(3, "dram"), Host(64, "ssd")}, WriteMode::kWriteBack);
   std::vector<std::vector<TokenId>> reqs;
   for (uint32_t r = 0; r < 6; ++r) {
     reqs.push_back(Tokens(2 * kBt, 1000 * (r + 1)));

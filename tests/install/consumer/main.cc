@@ -31,7 +31,8 @@ int main() {
   auto lk = (*cache)->Lookup(tokens);
   if (!lk.ok() || lk->hit_blocks != 4) return 1;
   auto ld = (*cache)->Load(*lk, out);
-  if (!ld.ok() || ld->loaded_blocks != 4 || std::memcmp(a.data(), b.data(), a.size()) != 0) return 1;
+  if (!ld.ok() || ld->loaded_blocks != 4 || std::memcmp(a.data(), b.data(), a.size()) != 0)
+    return 1;
   std::printf("consumer: stored and loaded %u blocks through the installed kvtier\n",
               ld->loaded_blocks);
   return 0;
