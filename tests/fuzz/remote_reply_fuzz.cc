@@ -96,9 +96,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 4: {
       std::span<const std::byte> b(reinterpret_cast<const std::byte*>(data), size);
       auto h = DecodeValueHeader(b);
-      if (size >= kValueHeaderBytes) {
-        (void)VerifyValue(b.first(kValueHeaderBytes), b.subspan(kValueHeaderBytes),
-                          kvtier::BlockKey{1, 2}, 3);
+      if (size >= kValueHeaderBytes + kValueTrailerBytes) {
+        const size_t payload = size - kValueHeaderBytes - kValueTrailerBytes;
+        (void)VerifyValue(b.first(kValueHeaderBytes), b.subspan(kValueHeaderBytes, payload),
+                          b.last(kValueTrailerBytes), kvtier::BlockKey{1, 2}, 3);
       }
       if (h.ok()) {
         // What decodes re-encodes to the same bytes.

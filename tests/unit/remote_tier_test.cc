@@ -135,11 +135,12 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
     ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].ToString();
     EXPECT_EQ(out[i], data[i]) << i;
   }
-  // The value in Redis is the header plus the block.
+  // The value in Redis is the header, the block and the checksum trailer.
   Result<testing::RedisReplyText> len =
       server_->Command({"STRLEN", RedisKeyOf(tier->options().key_prefix, KeyOf(0, 1))});
   ASSERT_TRUE(len.ok());
-  EXPECT_EQ(len->text, std::to_string(kValueHeaderBytes + tier->block_bytes()));
+  EXPECT_EQ(len->text,
+            std::to_string(kValueHeaderBytes + tier->block_bytes() + kValueTrailerBytes));
   TierStats st = tier->stats();
   EXPECT_EQ(st.hits, 40u);
   EXPECT_EQ(st.puts, 40u);

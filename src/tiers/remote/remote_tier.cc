@@ -25,6 +25,9 @@ constexpr int64_t kUsageIntervalNs = 1000 * kMs;
 constexpr size_t kMaxIov = 512;
 // From this size a value is a "big argument" to Redis (PROTO_MBULK_BIG_ARG).
 constexpr uint64_t kBigValueBytes = 32 * 1024;
+// A Put checksums this far ahead of what it sends: small enough to stay in the CPU caches
+// until the socket copies it, large enough to keep sendmsg calls big.
+constexpr uint64_t kChecksumAheadBytes = 256 * 1024;
 
 void AppendBulk(std::string* out, std::string_view arg) {
   *out += '$';
@@ -193,10 +196,11 @@ struct RemoteTier::Batch {
   std::span<bool> exists;                 // kExists
   std::vector<Status> owned_results;      // when the caller has no per-key results
   std::span<Status> results;
-  std::vector<uint16_t> target;      // kNoNode: route by slot; else a redirect's node
-  std::vector<uint8_t> asking;       // send ASKING before the command
-  std::vector<size_t> corrupt;       // kGet: values to delete
-  std::vector<XXH3_state_t> hashes;  // kGet: checksum of each block as it arrives
+  std::vector<uint16_t> target;             // kNoNode: route by slot; else a redirect's node
+  std::vector<uint8_t> asking;              // send ASKING before the command
+  std::vector<size_t> corrupt;              // kGet: values to delete
+  std::vector<XXH3_state_t> hashes;         // checksum of each block as it is sent or arrives
+  std::vector<ValueTrailerBytes> trailers;  // kSet: filled as each block is sent; kGet: read
 };
 
 struct RemoteTier::Flight {
@@ -212,6 +216,21 @@ struct RemoteTier::Flight {
   uint64_t sent = 0;              // stream bytes sent
   size_t window = 0;              // commands in flight at most; 0 = no limit
   bool done = false;
+  // kSet: the blocks in the stream, checksummed just ahead of sending (while the bytes are
+  // hot for the socket copy); bytes past the checksummed frontier are not sent yet.
+  struct HashSeg {
+    uint64_t begin;  // stream offset of the block
+    uint64_t len;
+    size_t op;
+  };
+  std::vector<HashSeg> hash_segs;
+  size_t hash_pos = 0;  // first block not fully checksummed
+  uint64_t hashed = 0;  // bytes of hash_segs[hash_pos] checksummed
+
+  uint64_t HashedFrontier() const {
+    if (hash_pos >= hash_segs.size()) return UINT64_MAX;
+    return hash_segs[hash_pos].begin + hashed;
+  }
 
   // Stream bytes that may be sent now: everything, or up to the window's last command.
   uint64_t SendLimit() const {
@@ -536,7 +555,7 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
         flight.arena += "*2\r\n$3\r\nGET\r\n";
         AppendBulk(&flight.arena, key);
         XXH3_64bits_reset(&batch.hashes[i]);
-        reader.Expect(BulkSink{batch.headers[i], batch.out[i],
+        reader.Expect(BulkSink{batch.headers[i], batch.out[i], batch.trailers[i],
                                [](void* state, std::span<const std::byte> bytes) {
                                  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), bytes.data(),
                                                     bytes.size());
@@ -557,14 +576,21 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
         flight.arena += options_.ttl_s > 0 ? "*5\r\n$3\r\nSET\r\n" : "*3\r\n$3\r\nSET\r\n";
         AppendBulk(&flight.arena, key);
         flight.arena += '$';
-        flight.arena += std::to_string(kValueHeaderBytes + batch.blocks[i].size());
+        flight.arena +=
+            std::to_string(kValueHeaderBytes + batch.blocks[i].size() + kValueTrailerBytes);
         flight.arena += "\r\n";
         arena_mark(start);
         segs.push_back({batch.headers[i].data(), 0, kValueHeaderBytes});
         if (!batch.blocks[i].empty()) {
           segs.push_back({batch.blocks[i].data(), 0, batch.blocks[i].size()});
+          flight.hash_segs.push_back(
+              {stream + (flight.arena.size() - cmd_start_arena) + kValueHeaderBytes,
+               batch.blocks[i].size(), i});
         }
-        cmd_extra = kValueHeaderBytes + batch.blocks[i].size();
+        XXH3_64bits_reset(&batch.hashes[i]);
+        if (batch.blocks[i].empty()) batch.trailers[i] = EncodeValueTrailer(Checksum64({}));
+        segs.push_back({batch.trailers[i].data(), 0, kValueTrailerBytes});
+        cmd_extra = kValueHeaderBytes + batch.blocks[i].size() + kValueTrailerBytes;
         start = flight.arena.size();
         flight.arena += "\r\n";
         if (options_.ttl_s > 0) {
@@ -584,6 +610,21 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
   for (const Seg& s : segs) {
     const void* base = s.ptr != nullptr ? s.ptr : flight.arena.data() + s.off;
     flight.iov.push_back(iovec{const_cast<void*>(base), s.len});
+  }
+}
+
+void RemoteTier::ChecksumAhead(Batch& batch, Flight& f, uint64_t upto) {
+  while (f.hash_pos < f.hash_segs.size()) {
+    const Flight::HashSeg& seg = f.hash_segs[f.hash_pos];
+    if (seg.begin + f.hashed >= upto) return;
+    const uint64_t end = std::min(seg.len, upto - seg.begin);
+    const std::byte* data = batch.blocks[seg.op].data();
+    XXH3_64bits_update(&batch.hashes[seg.op], data + f.hashed, end - f.hashed);
+    f.hashed = end;
+    if (f.hashed < seg.len) return;
+    batch.trailers[seg.op] = EncodeValueTrailer(XXH3_64bits_digest(&batch.hashes[seg.op]));
+    ++f.hash_pos;
+    f.hashed = 0;
   }
 }
 
@@ -625,13 +666,14 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
         batch.results[i] = Status::NotFound("remote: no value for " + batch.keys[i].ToHex());
       } else if (reply.type == RespReply::Type::kBulk && reply.in_sink) {
         batch.results[i] =
-            VerifyValueDigest(batch.headers[i], batch.out[i].size(),
+            VerifyValueDigest(batch.headers[i], batch.out[i].size(), batch.trailers[i],
                               XXH3_64bits_digest(&batch.hashes[i]), batch.keys[i], fingerprint_);
         if (!batch.results[i].ok()) batch.corrupt.push_back(i);
       } else if (reply.type == RespReply::Type::kBulk) {
         batch.results[i] = Status::Corruption(
             "remote value of " + batch.keys[i].ToHex() + ": " + std::to_string(reply.bulk_bytes) +
-            " bytes, expected " + std::to_string(kValueHeaderBytes + batch.out[i].size()));
+            " bytes, expected " +
+            std::to_string(kValueHeaderBytes + batch.out[i].size() + kValueTrailerBytes));
         batch.corrupt.push_back(i);
       } else {
         batch.results[i] = Status::Internal("remote: GET answered with a non-string reply");
@@ -777,9 +819,12 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
       if (rev & (POLLOUT | POLLERR | POLLHUP)) {
         iovec part[kMaxIov];
         for (uint64_t limit = f.SendLimit(); f.sent < limit;) {
+          // Checksum the next stretch of block bytes, then send no further than that.
+          ChecksumAhead(batch, f, std::min(limit, f.sent + kChecksumAheadBytes));
+          const uint64_t cap = std::min(limit, f.HashedFrontier());
           // The window's bytes only: copy the iovecs, cutting the last one short.
           size_t count = 0;
-          uint64_t room = limit - f.sent;
+          uint64_t room = cap - f.sent;
           for (size_t v = f.iov_pos; v < f.iov.size() && count < kMaxIov && room > 0; ++v) {
             part[count] = f.iov[v];
             if (part[count].iov_len > room) part[count].iov_len = room;
@@ -922,6 +967,8 @@ void RemoteTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBl
   batch.blocks = blocks;
   batch.results = results;
   batch.headers.resize(keys.size());
+  batch.hashes.resize(keys.size());
+  batch.trailers.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (blocks[i].size() != block_bytes()) {
       results[i] =
@@ -930,8 +977,8 @@ void RemoteTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBl
       continue;
     }
     results[i] = Status::Ok();
-    batch.headers[i] = EncodeValueHeader(
-        ValueHeader{keys[i], fingerprint_, blocks[i].size(), Checksum64(blocks[i])});
+    // The checksum goes in the trailer, computed as the block is sent.
+    batch.headers[i] = EncodeValueHeader(ValueHeader{keys[i], fingerprint_, blocks[i].size()});
   }
   Run(batch);
 }
@@ -945,6 +992,7 @@ void RemoteTier::GetImpl(std::span<const BlockKey> keys, std::span<const Mutable
   batch.results = results;
   batch.headers.resize(keys.size());
   batch.hashes.resize(keys.size());
+  batch.trailers.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     results[i] =
         out[i].size() == block_bytes()

@@ -1,10 +1,11 @@
 // RemoteTier: a tier on Redis or Valkey, single node or Cluster, shared by every replica.
 //
 // Each block is one Redis string: <key_prefix><32 hex digits of the BlockKey> -> a 48-byte
-// header (magic, key, layout fingerprint, checksum; see value_format.h and doc/remote.md) and the
-// block bytes. Every read verifies the header and the checksum; a value that fails is reported
-// as Corruption and deleted from Redis. Redis evicts on its own (maxmemory policy, optional TTL)
-// and other replicas add blocks, so the tier is neither cache-managed nor authoritative.
+// header (magic, key, layout fingerprint), the block bytes and an 8-byte checksum trailer (see
+// value_format.h and doc/remote.md). Every read verifies the header and the checksum; a value that
+// fails is reported as Corruption and deleted from Redis. Redis evicts on its own (maxmemory
+// policy, optional TTL) and other replicas add blocks, so the tier is neither cache-managed nor
+// authoritative.
 //
 // A batched call groups its keys per node (CRC16 hash slots from CLUSTER SLOTS), pipelines one
 // connection per node and drives all nodes at once with poll(); MOVED updates the slot map and
@@ -137,6 +138,7 @@ class RemoteTier final : public Tier {
   void Run(Batch& batch);
   void RunRound(Batch& batch, std::vector<size_t>& pending, int64_t deadline_ns);
   void BuildFlight(Batch& batch, Flight& flight);
+  void ChecksumAhead(Batch& batch, Flight& flight, uint64_t upto);
   void HandleReply(Batch& batch, size_t i, const NodeAddress& from, RespReply& reply,
                    std::vector<size_t>* again);
   Status MapError(const std::string& error) const;

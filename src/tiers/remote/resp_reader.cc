@@ -25,7 +25,9 @@ Status RespReader::Fail(std::string what) {
 std::span<std::byte> RespReader::BulkRegion() {
   const BulkSink& sink = sinks_.front();
   if (bulk_done_ < sink.head.size()) return sink.head.subspan(bulk_done_);
-  return sink.body.subspan(bulk_done_ - sink.head.size());
+  const uint64_t in_body = bulk_done_ - sink.head.size();
+  if (in_body < sink.body.size()) return sink.body.subspan(in_body);
+  return sink.tail.subspan(in_body - sink.body.size());
 }
 
 std::span<std::byte> RespReader::ReadTarget() {
@@ -57,7 +59,11 @@ Status RespReader::Commit(size_t n) {
   if (direct_) {
     direct_ = false;
     const BulkSink& sink = sinks_.front();
-    if (sink.on_body != nullptr && n > 0) sink.on_body(sink.context, BulkRegion().first(n));
+    const bool in_body =
+        bulk_done_ >= sink.head.size() && bulk_done_ < sink.head.size() + sink.body.size();
+    if (in_body && sink.on_body != nullptr && n > 0) {
+      sink.on_body(sink.context, BulkRegion().first(n));
+    }
     bulk_done_ += n;
     if (bulk_done_ == cur_.bulk_bytes) state_ = State::kBulkEnd;
   } else {
@@ -88,7 +94,8 @@ void RespReader::CopyBulk(const std::byte* src, size_t n) {
   if (cur_.in_sink) {
     const BulkSink& sink = sinks_.front();
     while (n > 0) {
-      const bool in_body = bulk_done_ >= sink.head.size();
+      const bool in_body =
+          bulk_done_ >= sink.head.size() && bulk_done_ < sink.head.size() + sink.body.size();
       std::span<std::byte> region = BulkRegion();
       size_t take = std::min(n, region.size());
       std::memcpy(region.data(), src, take);

@@ -25,17 +25,18 @@
 
 namespace kvtier::remote {
 
-// Where a bulk reply's bytes go: the first head.size() bytes into head, the rest into body.
-// Used only when the bulk is exactly head.size() + body.size() long.
+// Where a bulk reply's bytes go: the first head.size() bytes into head, the next body.size()
+// into body, the last tail.size() into tail. Used only when the bulk is exactly that long.
 struct BulkSink {
   std::span<std::byte> head;
   std::span<std::byte> body;
+  std::span<std::byte> tail;
   // Called with each run of body bytes right after they land (while they are still in cache),
   // e.g. to checksum a block without a second pass over it. Optional.
   void (*on_body)(void* context, std::span<const std::byte> bytes) = nullptr;
   void* context = nullptr;
-  size_t total() const { return head.size() + body.size(); }
-  bool empty() const { return head.empty() && body.empty(); }
+  size_t total() const { return head.size() + body.size() + tail.size(); }
+  bool empty() const { return total() == 0; }
 };
 
 struct RespReply {

@@ -32,7 +32,13 @@ ValueHeaderBytes EncodeValueHeader(const ValueHeader& header) {
   Put64(p + 16, header.key.lo);
   Put64(p + 24, header.layout_fingerprint);
   Put64(p + 32, header.payload_bytes);
-  Put64(p + 40, header.payload_checksum);
+  Put64(p + 40, 0);  // reserved
+  return out;
+}
+
+ValueTrailerBytes EncodeValueTrailer(uint64_t payload_checksum) {
+  ValueTrailerBytes out{};
+  Put64(out.data(), payload_checksum);
   return out;
 }
 
@@ -55,19 +61,20 @@ Result<ValueHeader> DecodeValueHeader(std::span<const std::byte> bytes) {
   h.key.lo = Get(p + 16, 8);
   h.layout_fingerprint = Get(p + 24, 8);
   h.payload_bytes = Get(p + 32, 8);
-  h.payload_checksum = Get(p + 40, 8);
+  if (Get(p + 40, 8) != 0) return Status::Corruption("remote value: reserved header bytes set");
   return h;
 }
 
 Status VerifyValue(std::span<const std::byte> header_bytes, std::span<const std::byte> payload,
-                   const BlockKey& key, uint64_t layout_fingerprint) {
-  return VerifyValueDigest(header_bytes, payload.size(), Checksum64(payload), key,
+                   std::span<const std::byte> trailer_bytes, const BlockKey& key,
+                   uint64_t layout_fingerprint) {
+  return VerifyValueDigest(header_bytes, payload.size(), trailer_bytes, Checksum64(payload), key,
                            layout_fingerprint);
 }
 
 Status VerifyValueDigest(std::span<const std::byte> header_bytes, uint64_t payload_bytes,
-                         uint64_t payload_checksum, const BlockKey& key,
-                         uint64_t layout_fingerprint) {
+                         std::span<const std::byte> trailer_bytes, uint64_t payload_checksum,
+                         const BlockKey& key, uint64_t layout_fingerprint) {
   Result<ValueHeader> h = DecodeValueHeader(header_bytes);
   if (!h.ok()) return h.status();
   if (h->key != key) {
@@ -82,7 +89,8 @@ Status VerifyValueDigest(std::span<const std::byte> header_bytes, uint64_t paylo
                               std::to_string(h->payload_bytes) + " payload bytes, block is " +
                               std::to_string(payload_bytes));
   }
-  if (payload_checksum != h->payload_checksum) {
+  if (trailer_bytes.size() != kValueTrailerBytes ||
+      payload_checksum != Get(trailer_bytes.data(), 8)) {
     return Status::Corruption("remote value of " + key.ToHex() + ": checksum mismatch");
   }
   return Status::Ok();
