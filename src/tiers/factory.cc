@@ -5,6 +5,7 @@
 #include "tiers/disk/disk_tier.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/metadata/metadata_tier.h"
+#include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -37,7 +38,9 @@ Result<bool> BoolParam(const TierSpec& spec, const std::string& key, bool fallba
 
 }  // namespace
 
-std::vector<std::string> TierKindNames() { return {"device", "host", "metadata", "disk"}; }
+std::vector<std::string> TierKindNames() {
+  return {"device", "host", "metadata", "disk", "remote"};
+}
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout) {
   const std::string name = spec.name.empty() ? spec.kind : spec.name;
@@ -65,6 +68,13 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
     auto tier = disk::MakeDiskTier(named, layout);
     if (!tier.ok()) return tier.status().WithContext("tier '" + name + "'");
     return std::move(tier).value();
+  }
+  if (spec.kind == "remote") {
+    // Params (url, timeout_ms, ttl_s, user, password, ...) are checked and named there.
+    auto o = remote::RemoteTierOptionsFromParams(name, layout, spec.capacity_bytes, spec.params);
+    if (!o.ok()) return o.status().WithContext("tier '" + name + "'");
+    KVTIER_ASSIGN_OR_RETURN(auto tier, remote::RemoteTier::Open(std::move(o).value()));
+    return std::unique_ptr<Tier>(std::move(tier));
   }
   std::string known;
   for (const auto& k : TierKindNames()) known += std::string(known.empty() ? "" : ", ") + k;

@@ -1,0 +1,103 @@
+#include "tiers/remote/redis_connection.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+
+namespace kvtier::remote {
+namespace {
+
+timeval ToTimeval(int64_t ns) {
+  ns = std::max<int64_t>(ns, 1'000'000);  // hiredis treats 0 as "no timeout"
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
+  tv.tv_usec = static_cast<suseconds_t>((ns % 1'000'000'000) / 1000);
+  return tv;
+}
+
+std::string ReplyText(const redisReply* r) {
+  return r->str != nullptr ? std::string(r->str, r->len) : std::string();
+}
+
+}  // namespace
+
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void ReplyDeleter::operator()(redisReply* reply) const { freeReplyObject(reply); }
+
+RedisConnection::RedisConnection(NodeAddress address, redisContext* context)
+    : address_(std::move(address)), context_(context) {}
+
+RedisConnection::~RedisConnection() { redisFree(context_); }
+
+int RedisConnection::fd() const { return context_->fd; }
+
+Result<std::unique_ptr<RedisConnection>> RedisConnection::Open(const NodeAddress& address,
+                                                               const ConnectionOptions& options,
+                                                               int64_t deadline_ns) {
+  int64_t budget = std::min(options.connect_timeout_ns, deadline_ns - SteadyNowNs());
+  if (budget <= 0) return Status::Unavailable("remote " + address.ToString() + ": deadline passed");
+  redisContext* c = redisConnectWithTimeout(address.host.c_str(), address.port, ToTimeval(budget));
+  if (c == nullptr) return Status::Unavailable("remote " + address.ToString() + ": out of memory");
+  if (c->err) {
+    Status s = Status::Unavailable("remote " + address.ToString() + ": connect: " + c->errstr);
+    redisFree(c);
+    return s;
+  }
+  std::unique_ptr<RedisConnection> conn(new RedisConnection(address, c));
+  if (redisSetTimeout(c, ToTimeval(options.op_timeout_ns)) != REDIS_OK) {
+    return Status::Unavailable("remote " + address.ToString() + ": cannot set timeouts");
+  }
+  if (!options.password.empty()) {
+    std::vector<std::string> argv = {"AUTH"};
+    if (!options.user.empty()) argv.push_back(options.user);
+    argv.push_back(options.password);
+    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply, conn->Command(argv));
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return Status::InvalidArgument(std::string(options.user.empty() ? "password" : "user") +
+                                     ": AUTH refused by " + address.ToString() + ": " +
+                                     ReplyText(reply.get()));
+    }
+  }
+  if (options.db != 0) {
+    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply, conn->Command({"SELECT", std::to_string(options.db)}));
+    if (reply->type == REDIS_REPLY_ERROR) {
+      return Status::InvalidArgument("url: SELECT " + std::to_string(options.db) + " refused by " +
+                                     address.ToString() + ": " + ReplyText(reply.get()));
+    }
+  }
+  return conn;
+}
+
+Result<ReplyPtr> RedisConnection::Command(const std::vector<std::string>& argv) {
+  std::vector<const char*> args;
+  std::vector<size_t> lens;
+  for (const std::string& a : argv) {
+    args.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  void* raw = redisCommandArgv(context_, static_cast<int>(args.size()), args.data(), lens.data());
+  if (raw == nullptr) {
+    return Status::Unavailable("remote " + address_.ToString() + ": " + argv[0] + ": " +
+                               (context_->err ? context_->errstr : "no reply"));
+  }
+  return ReplyPtr(static_cast<redisReply*>(raw));
+}
+
+bool RedisConnection::Dead() const {
+  if (context_->err) return true;
+  char byte;
+  ssize_t n = recv(context_->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return true;  // orderly shutdown by the peer
+  if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK;
+  return true;  // bytes nobody asked for: the stream is out of step
+}
+
+}  // namespace kvtier::remote

@@ -1,0 +1,170 @@
+// RemoteTier: a tier on Redis or Valkey, single node or Cluster, shared by every replica.
+//
+// Each block is one Redis string: <key_prefix><32 hex digits of the BlockKey> -> a 48-byte
+// header (magic, key, layout fingerprint), the block bytes and an 8-byte checksum trailer (see
+// value_format.h and doc/remote.md). Every read verifies the header and the checksum; a value that
+// fails is reported as Corruption and deleted from Redis. Redis evicts on its own (maxmemory
+// policy, optional TTL) and other replicas add blocks, so the tier is neither cache-managed nor
+// authoritative.
+//
+// A batched call groups its keys per node (CRC16 hash slots from CLUSTER SLOTS), pipelines one
+// connection per node and drives all nodes at once with poll(); MOVED updates the slot map and
+// retries, ASK retries once on the target after ASKING. Every call has one deadline
+// (timeout_ms); keys whose node did not answer in time get Unavailable. A circuit breaker per
+// node fails calls fast while a node is down and probes it again with exponential backoff, so
+// a dead node costs a Lookup no more than its deadline, and usually nothing.
+//
+// Thread-safety: every public method may be called concurrently (connections are pooled per
+// node). Ownership: the tier owns its connections; it never keeps a caller's buffers.
+#ifndef KVTIER_TIERS_REMOTE_REMOTE_TIER_H_
+#define KVTIER_TIERS_REMOTE_REMOTE_TIER_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "kvtier/tier.h"
+#include "tiers/remote/circuit_breaker.h"
+#include "tiers/remote/cluster_slots.h"
+#include "tiers/remote/redis_connection.h"
+#include "tiers/remote/redis_url.h"
+
+namespace kvtier::remote {
+
+struct RemoteTierOptions {
+  std::string name = "remote";
+  KvLayout layout;
+  uint64_t capacity_bytes = 0;  // what the Cache assumes the server holds (> 0)
+  std::string url;              // redis://[user[:password]@]host:port[,host:port...][/db]
+  std::string user;             // overrides the URL's user when not empty
+  std::string password;         // overrides the URL's password when not empty
+  std::string mode = "auto";    // "auto" (ask the server), "single" or "cluster"
+  std::string key_prefix = "kvtier:";
+  int64_t ttl_s = 0;             // > 0: every SET expires after ttl_s seconds
+  int connect_timeout_ms = 500;  // per connection attempt (also bounded by the call's deadline)
+  int timeout_ms = 1000;         // deadline of one batched call
+  int max_redirects = 5;         // MOVED / ASK rounds per call
+  int max_idle_connections = 8;  // pooled per node
+  // Blocks of 32 KiB and more: a call spreads a node's keys over up to connections_per_node
+  // connections, with at most set_window SETs / get_window GETs in flight on each (0: no
+  // limit). Smaller blocks are pipelined on one connection per node.
+  int connections_per_node = 2;
+  int set_window = 1;
+  int get_window = 1;
+  CircuitBreakerOptions breaker;
+  bool lazy_connect = false;  // Open succeeds even when no seed answers (discover later)
+
+  // OK, or InvalidArgument naming the field.
+  Status Validate() const;
+};
+
+// Reads TierSpec::params of kind "remote": url (required), user, password, mode, key_prefix,
+// ttl_s, connect_timeout_ms, timeout_ms, max_redirects, max_idle_connections,
+// connections_per_node, set_window, get_window, breaker_failures, breaker_backoff_ms,
+// breaker_max_backoff_ms, lazy_connect.
+// InvalidArgument naming the param for an unknown key or a bad value.
+Result<RemoteTierOptions> RemoteTierOptionsFromParams(
+    std::string name, const KvLayout& layout, uint64_t capacity_bytes,
+    const std::map<std::string, std::string>& params);
+
+struct RemoteStats {
+  bool cluster = false;
+  int nodes = 0;
+  uint64_t connects = 0;  // connections opened
+  uint64_t connect_failures = 0;
+  uint64_t moved = 0;               // MOVED redirects followed
+  uint64_t asks = 0;                // ASK redirects followed
+  uint64_t topology_refreshes = 0;  // CLUSTER SLOTS read
+  uint64_t breaker_opens = 0;
+  uint64_t fast_failures = 0;   // calls refused by an open breaker
+  uint64_t timeouts = 0;        // node exchanges that ran past the deadline
+  uint64_t io_failures = 0;     // node exchanges that broke (reset, closed, protocol)
+  uint64_t corruptions = 0;     // values that failed verification (and were deleted)
+  uint64_t oom_rejections = 0;  // SETs refused at maxmemory
+};
+
+class RemoteTier final : public Tier {
+ public:
+  // Validates options and discovers the deployment (single node or cluster). InvalidArgument
+  // for bad options or refused AUTH; Unavailable when no seed answers (unless lazy_connect).
+  static Result<std::unique_ptr<RemoteTier>> Open(RemoteTierOptions options);
+  ~RemoteTier() override;
+
+  RemoteStats remote_stats() const;
+  bool is_cluster() const;
+  // Reads CLUSTER SLOTS again now (it also happens by itself after MOVED or a node failure).
+  Status RefreshTopology();
+  const RemoteTierOptions& options() const { return options_; }
+
+ protected:
+  void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+               std::span<Status> results) override;
+  void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+               std::span<Status> results) override;
+  // out[i] is true only for keys confirmed resident; a key whose node did not answer reads as
+  // absent. Unavailable only when no key could be answered.
+  Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
+  Status EraseImpl(std::span<const BlockKey> keys) override;
+  uint64_t UsedBytesImpl() const override;
+  TierCapabilities CapabilitiesImpl() const override;
+
+ private:
+  struct Node;
+  struct Batch;
+  struct Flight;
+  struct Counters {
+    std::atomic<uint64_t> connects{0}, connect_failures{0}, moved{0}, asks{0},
+        topology_refreshes{0}, breaker_opens{0}, fast_failures{0}, timeouts{0}, io_failures{0},
+        corruptions{0}, oom_rejections{0};
+  };
+  static constexpr uint16_t kNoNode = 0xFFFF;
+
+  RemoteTier(RemoteTierOptions options, RedisUrl url);
+
+  Status Discover(int64_t deadline_ns);
+  Status RefreshTopologyLocked(int64_t deadline_ns);
+  void MaybeRefresh(int64_t deadline_ns);
+  uint16_t InternNodeLocked(const NodeAddress& address) KVTIER_REQUIRES(topo_mu_);
+
+  Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, int64_t deadline_ns) const;
+  void Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const;
+
+  void Run(Batch& batch);
+  void RunRound(Batch& batch, std::vector<size_t>& pending, int64_t deadline_ns);
+  void BuildFlight(Batch& batch, Flight& flight);
+  void ChecksumAhead(Batch& batch, Flight& flight, uint64_t upto);
+  void HandleReply(Batch& batch, size_t i, const NodeAddress& from, RespReply& reply,
+                   std::vector<size_t>* again);
+  Status MapError(const std::string& error) const;
+  void DropCorrupt(Batch& batch, int64_t deadline_ns);
+
+  const RemoteTierOptions options_;
+  const RedisUrl url_;
+  ConnectionOptions conn_options_;
+  const uint64_t fingerprint_;
+
+  mutable Mutex topo_mu_;
+  bool discovered_ KVTIER_GUARDED_BY(topo_mu_) = false;
+  bool cluster_ KVTIER_GUARDED_BY(topo_mu_) = false;
+  std::vector<std::unique_ptr<Node>> nodes_ KVTIER_GUARDED_BY(topo_mu_);  // append-only
+  std::array<uint16_t, kClusterSlots> slot_node_ KVTIER_GUARDED_BY(topo_mu_);
+  std::atomic<bool> stale_{false};
+  std::atomic<int64_t> last_refresh_ns_{0};
+  std::mutex refresh_mu_;  // one refresh at a time
+
+  mutable std::mutex usage_mu_;
+  mutable std::atomic<uint64_t> used_bytes_{0};
+  mutable std::atomic<int64_t> usage_at_ns_{0};
+
+  mutable Counters counters_;
+};
+
+}  // namespace kvtier::remote
+
+#endif  // KVTIER_TIERS_REMOTE_REMOTE_TIER_H_
