@@ -258,6 +258,15 @@ Result<CacheReplayResult> ReplayCacheOnly(workload::RequestStream& stream,
   if (p == "ideal") {
     return ReplayLru(stream, 0, true, TouchOrder::kHeadFirst, progress, p);
   }
+  if (p.starts_with("lib:")) {
+    // The library's policy of that name, bypassing the built-in lru / lru-tail.
+    CacheReplayOptions o = options;
+    o.policy = p.substr(4);
+    o.make_policy = {};
+    auto r = ReplayPolicy(stream, o, progress);
+    if (r.ok()) r->policy = p;
+    return r;
+  }
   return ReplayPolicy(stream, options, progress);
 }
 

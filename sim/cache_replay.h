@@ -8,6 +8,7 @@
 //   "lru-tail" exact LRU, blocks touched last to first (a chain's tail ages before its head).
 //   "ideal"    infinite cache: the hit rate no capacity can beat.
 //   "min"      Belady's MIN, block-granular, same capacity (ReplayBelady; needs the future).
+//   "lib:NAME" the library's MakeEvictionPolicy(NAME) even where a built-in has that name.
 //   any other  a library policy from MakeEvictionPolicy ("s3fifo", "arc", "session", ...),
 //              touched in `touch` order and told the session events of each request.
 //
