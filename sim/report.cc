@@ -131,8 +131,6 @@ std::string CacheCompareCsv(const CacheCompareResult& r) {
   return s;
 }
 
-std::string CacheCompareHtml(const CacheCompareResult&, const std::string&) { return "TEMP"; }
-
 Status WriteFile(const std::string& path, const std::string& data) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return Status::InvalidArgument(path + ": cannot open for writing");

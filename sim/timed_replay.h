@@ -45,7 +45,8 @@ struct TimedOptions {
   // HBM KV capacity; 0 = what the GPUs hold after weights (hbm_kv_fraction of the rest).
   uint64_t hbm_kv_bytes = 0;
   double hbm_kv_fraction = 0.9;
-  TierSpec host;  // bandwidth 0 = the GPU's host link
+  TierSpec host;  // bandwidth 0 = the GPU host link; capacity 0 = 4x HBM KV (<= 3 TB)
+  double host_pool_multiple = 0;  // > 0: host capacity = this x the HBM KV capacity
   TierSpec disk;
   TierSpec remote;      // shared by every replica
   bool planner = true;  // false: always load what is cached (no recompute choice)
@@ -73,6 +74,7 @@ struct TimedResult {
   uint32_t concurrency = 0, replicas = 0, tp = 0;
   uint64_t block_bytes = 0;
   uint64_t hbm_kv_bytes = 0;
+  uint64_t capacity_tokens = 0;  // HBM KV capacity in tokens
   uint64_t requests = 0;
   uint64_t prompt_tokens = 0, output_tokens = 0;
   // Prompt tokens by where they came from.
