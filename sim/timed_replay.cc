@@ -516,6 +516,10 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     Replica& rep = reps[run.replica];
     rep.decoding_tokens -= f.context_tokens;
     e2e.push_back(now - f.arrive_s);
+    if (o.record_requests) {
+      res.log.push_back(
+          RequestRecord{run.trace, run.session, run.next, f.arrive_s, f.first_token_s, now});
+    }
     const auto& sess = traces[run.trace].sessions[run.session];
     const auto& q = sess.requests[run.next];
     run.next++;

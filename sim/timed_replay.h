@@ -52,6 +52,7 @@ struct TimedOptions {
   bool planner = true;  // false: always load what is cached (no recompute choice)
   double mfu = 0;       // 0 = the GPU profile's
   uint32_t occupancy_samples = 64;
+  bool record_requests = false;  // fill TimedResult::log
 
   Status Validate() const;
 };
@@ -67,6 +68,13 @@ struct TierTraffic {
   uint64_t store_bytes = 0;  // HBM (or upper tier) -> tier
   uint64_t capacity_blocks = 0;
   uint64_t peak_blocks = 0;
+};
+
+struct RequestRecord {
+  uint32_t trace = 0;
+  uint32_t session = 0;  // index into Trace::sessions
+  uint32_t request = 0;  // index into its session's requests
+  double arrive_s = 0, first_token_s = 0, done_s = 0;
 };
 
 struct TimedResult {
@@ -90,6 +98,7 @@ struct TimedResult {
   std::vector<TierTraffic> tiers;
   std::vector<double> occupancy_t;                  // sample times
   std::vector<std::vector<double>> occupancy_frac;  // per tier, used / capacity at each sample
+  std::vector<RequestRecord> log;                   // with record_requests, in completion order
   double wall_s = 0;
   bool offload = false;  // any tier below HBM enabled
 
