@@ -42,6 +42,10 @@ Result<CacheCompareResult> CompareCacheOnly(workload::RequestStream& stream,
       options.capacity_live > 0
           ? static_cast<uint64_t>(options.capacity_live * out.stats.live_context_mean_tokens)
           : options.capacity_tokens;
+  if (options.measure_baseline) {
+    KVTIER_ASSIGN_OR_RETURN(StreamCost c, MeasureStreamCost(stream));
+    out.baseline = c;
+  }
   const double steps = static_cast<double>(options.policies.size() + 2);
   double step = 0;
   auto sub = [&](double f) {

@@ -30,6 +30,7 @@ struct CacheCompareOptions {
   bool with_min = true;
   uint64_t min_max_blocks = 100'000'000;  // MIN materializes the trace: skip it beyond this
   TouchOrder touch = TouchOrder::kTailFirst;
+  bool measure_baseline = false;  // also time the stream alone and stream + hashing
 
   Status Validate() const;
 };
@@ -44,6 +45,7 @@ struct CacheCompareResult {
   // Better of lru and lru-tail (the baseline every other policy is compared with); -1 if absent.
   double best_lru_hit_rate = -1;
   std::string best_lru;
+  std::optional<StreamCost> baseline;
 };
 
 Result<CacheCompareResult> CompareCacheOnly(workload::RequestStream& stream,

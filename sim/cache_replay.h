@@ -78,6 +78,15 @@ Result<CacheReplayResult> ReplayCacheOnly(workload::RequestStream& stream,
 Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& requests,
                                        uint64_t capacity_tokens);
 
+// The same-run floor of a replay: seconds to read the stream alone (generate or walk it) and to
+// read it and chain its keys, with no cache. *blocks = block keys hashed.
+struct StreamCost {
+  double read_s = 0;
+  double read_and_hash_s = 0;
+  uint64_t blocks = 0;
+};
+Result<StreamCost> MeasureStreamCost(workload::RequestStream& stream);
+
 // Chains each request's ids into BlockKeys, hashing only the blocks that differ from the
 // session's previous request.
 class ChainHasher {

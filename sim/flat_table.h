@@ -40,6 +40,9 @@ class FlatTable {
     }
   }
 
+  // Starts loading key's home slot into cache (the inner loops run a few keys ahead).
+  void Prefetch(const BlockKey& key) const { __builtin_prefetch(&slots_[key.lo & mask_]); }
+
   // Inserts or overwrites. value must not be kNone.
   void Put(const BlockKey& key, uint32_t value) {
     if ((size_ + 1) * 2 > slots_.size()) Grow();
@@ -123,6 +126,10 @@ class FlatLru {
   }
 
   uint32_t Find(const BlockKey& key) const { return table_.Find(key); }
+  void Prefetch(const BlockKey& key) const { table_.Prefetch(key); }
+  void PrefetchNode(uint32_t node) const {
+    if (node != kNone) __builtin_prefetch(&nodes_[node]);
+  }
   // Whether node (from an earlier Find) still holds key: it may have been evicted and reused.
   bool Holds(uint32_t node, const BlockKey& key) const {
     return node != kNone && nodes_[node].prev != kFree && nodes_[node].key == key;

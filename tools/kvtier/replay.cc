@@ -25,6 +25,7 @@ struct ReplayArgs {
   uint64_t capacity_tokens = 0;
   double capacity_live = 0;
   bool no_min = false;
+  bool baseline = false;
   std::string touch = "tail";
   std::string json_path, csv_path, html_path;
   TimedArgs timed;
@@ -38,6 +39,7 @@ int RunCacheOnly(const ReplayArgs& a, workload::RequestStream& stream,
   o.capacity_live = a.capacity_live;
   if (o.capacity_tokens == 0 && o.capacity_live == 0) o.capacity_live = 1.0;
   o.with_min = !a.no_min;
+  o.measure_baseline = a.baseline;
   o.touch = a.touch == "head" ? sim::TouchOrder::kHeadFirst : sim::TouchOrder::kTailFirst;
   Progress progress("replay");
   auto r = sim::CompareCacheOnly(stream, o, [&](double f) { progress.Update(f, 1.0); });
@@ -131,6 +133,8 @@ KVTIER_REGISTER_COMMAND(
                       "Cache capacity as a multiple of the mean live context of the active "
                       "sessions (default 1 when no capacity is given)");
       app->add_flag("--no-min", a->no_min, "Skip Belady's MIN (it holds the trace in memory)");
+      app->add_flag("--baseline", a->baseline,
+                    "Also time the stream alone and stream + key hashing (the same-run floor)");
       app->add_option("--touch", a->touch,
                       "Touch order for library policies: tail (default) or head")
           ->check(CLI::IsMember({"tail", "head"}));
