@@ -324,8 +324,8 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     events.pop();
     now = ev.t;
     if (ev.type == EvType::kStartSession) {
-      Run& run = runs[ev.id];
-      run.started_s = now;
+      runs[ev.id].started_s = now;
+      const Run run = runs[ev.id];  // a copy: start_session grows runs
       for (const auto& [child, offset] : children[run.trace][run.session]) {
         start_session(run.trace, child, run.tree, run.replica, run.root, now + offset);
       }
