@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <memory>
 #include <queue>
 
@@ -75,6 +76,7 @@ struct Replica {
   Channel nic;  // to the remote tier
   double gpu_free = 0;
   uint64_t decoding_tokens = 0;  // context of the running decodes
+  std::deque<uint32_t> waiting;  // prefilled requests whose KV does not fit next to the batch
 };
 
 enum class EvType : uint8_t { kArrive, kPrefillDone, kDecodeDone, kStartSession };
@@ -319,6 +321,17 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     }
   };
 
+  // Decode: every step reads the weights and the running batch's KV; TPOT is fixed at start.
+  auto start_decode = [&](Replica& rep, uint32_t slot) {
+    InFlight& f = slots[slot];
+    rep.decoding_tokens += f.context_tokens;
+    const double step = (model.weight_bytes() +
+                         static_cast<double>(rep.decoding_tokens) * model.kv_bytes_per_token) /
+                        hbm_bw;
+    tpot.push_back(step);
+    push(now + step * std::max<uint32_t>(1, f.output_tokens), EvType::kDecodeDone, slot);
+  };
+
   while (!events.empty()) {
     const Event ev = events.top();
     events.pop();
@@ -501,13 +514,13 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         traffic[3].store_bytes += new_remote * res.block_bytes;
       }
       demote(rep, evicted, run.sim_id);
-      // Decode: every step reads the weights and the running batch's KV.
-      rep.decoding_tokens += f.context_tokens;
-      const double step = (model.weight_bytes() +
-                           static_cast<double>(rep.decoding_tokens) * model.kv_bytes_per_token) /
-                          hbm_bw;
-      tpot.push_back(step);
-      push(now + step * std::max<uint32_t>(1, f.output_tokens), EvType::kDecodeDone, ev.id);
+      // The running batch's KV must fit in HBM: wait for room (FIFO) when it does not.
+      if (rep.decoding_tokens == 0 ||
+          rep.decoding_tokens + f.context_tokens <= res.capacity_tokens) {
+        start_decode(rep, ev.id);
+      } else {
+        rep.waiting.push_back(ev.id);
+      }
       continue;
     }
     // kDecodeDone
@@ -515,6 +528,14 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     Run& run = runs[f.run];
     Replica& rep = reps[run.replica];
     rep.decoding_tokens -= f.context_tokens;
+    while (
+        !rep.waiting.empty() &&
+        (rep.decoding_tokens == 0 ||
+         rep.decoding_tokens + slots[rep.waiting.front()].context_tokens <= res.capacity_tokens)) {
+      const uint32_t next = rep.waiting.front();
+      rep.waiting.pop_front();
+      start_decode(rep, next);
+    }
     e2e.push_back(now - f.arrive_s);
     if (o.record_requests) {
       res.log.push_back(
