@@ -31,8 +31,9 @@ struct ReplayArgs {
   TimedArgs timed;
 };
 
-int RunCacheOnly(const ReplayArgs& a, workload::RequestStream& stream,
-                 const std::vector<std::string>& names) {
+int RunCacheOnly(const ReplayArgs& a, const Loaded& loaded) {
+  workload::RequestStream& stream = *loaded.stream;
+  const std::vector<std::string>& names = loaded.names;
   sim::CacheCompareOptions o;
   if (!a.policies.empty()) o.policies = a.policies;
   o.capacity_tokens = a.capacity_tokens;
@@ -47,12 +48,19 @@ int RunCacheOnly(const ReplayArgs& a, workload::RequestStream& stream,
     std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
     return 1;
   }
+  if (!loaded.is_synthetic) {
+    std::printf("read %zu trace files, %.1f MB in %.3f s (%.0f MB/s)\n", loaded.traces.size(),
+                loaded.read_bytes / 1e6, loaded.read_s,
+                loaded.read_s > 0 ? loaded.read_bytes / 1e6 / loaded.read_s : 0.0);
+  }
   sim::PrintCacheCompareTable(*r, stdout);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   std::printf("peak memory (max RSS): %.1f MiB\n", ru.ru_maxrss / 1024.0);
   nlohmann::json j = sim::CacheCompareJson(*r, names);
   j["peak_rss_bytes"] = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  j["read_s"] = loaded.read_s;
+  j["read_bytes"] = loaded.read_bytes;
   if (!a.json_path.empty()) {
     if (Status s = sim::WriteFile(a.json_path, j.dump(2) + "\n"); !s.ok()) {
       std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());
@@ -110,7 +118,7 @@ int RunTimedOnce(const TimedArgs& t, const Loaded& loaded, const std::vector<std
 int Run(const ReplayArgs& a) {
   Loaded loaded;
   if (int rc = LoadWorkload(a.workload, &loaded, /*need_traces=*/!a.cache_only); rc != 0) return rc;
-  if (a.cache_only) return RunCacheOnly(a, *loaded.stream, loaded.names);
+  if (a.cache_only) return RunCacheOnly(a, loaded);
   return RunTimedOnce(a.timed, loaded, a.policies, a.json_path, a.csv_path, a.html_path);
 }
 

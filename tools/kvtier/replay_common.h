@@ -3,7 +3,10 @@
 #ifndef KVTIER_TOOLS_REPLAY_COMMON_H_
 #define KVTIER_TOOLS_REPLAY_COMMON_H_
 
+#include <sys/stat.h>
 #include <CLI/CLI.hpp>
+
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -32,6 +35,8 @@ struct Loaded {
   std::vector<std::string> names;
   workload::SyntheticOptions synthetic;
   bool is_synthetic = false;
+  double read_s = 0;        // time to read and parse the trace files
+  uint64_t read_bytes = 0;  // bytes of the files read
 };
 
 inline void AddWorkloadOptions(CLI::App* app, WorkloadArgs* a) {
@@ -81,13 +86,19 @@ inline int LoadWorkload(const WorkloadArgs& a, Loaded* out, bool need_traces = f
   }
   std::optional<workload::TraceFormat> fmt;
   if (!a.format.empty()) fmt = workload::ParseTraceFormat(a.format);
+  const auto t0 = std::chrono::steady_clock::now();
   auto t = workload::LoadTraces(a.traces, fmt);
+  out->read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!t.ok()) {
     std::fprintf(stderr, "kvtier: %s\n", t.status().ToString().c_str());
     return 1;
   }
   out->traces = std::move(t).value();
-  for (const auto& tr : out->traces) out->names.push_back(tr.path);
+  for (const auto& tr : out->traces) {
+    out->names.push_back(tr.path);
+    struct stat st;
+    if (stat(tr.path.c_str(), &st) == 0) out->read_bytes += static_cast<uint64_t>(st.st_size);
+  }
   out->stream = workload::StreamTraces(out->traces);
   return 0;
 }
