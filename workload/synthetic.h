@@ -26,8 +26,8 @@ struct SyntheticOptions {
   uint32_t block_tokens = 64;
   uint32_t system_tokens = 16800;        // system prompt + tool definitions, shared by all
   uint32_t first_turn_tokens = 24000;    // mean context added by a session's first request
-  double growth_median_tokens = 1500;    // per-turn context growth: lognormal, this median
-  double growth_sigma = 1.6;             // ... and this log-space spread (mean ~2.4K)
+  double growth_median_tokens = 1700;    // per-turn context growth: lognormal, this median
+  double growth_sigma = 1.6;             // ... and this log-space spread (mean ~6K)
   uint32_t max_context_tokens = 200000;  // compaction threshold (the model's window)
   uint32_t compact_to_tokens = 70000;    // context after a compaction (over the system prompt)
   double turns_mean = 70;                // parent requests per session (geometric)
