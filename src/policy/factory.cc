@@ -1,5 +1,6 @@
 // MakeEvictionPolicy: the registry of eviction policies by name.
 #include "policy/policies.h"
+#include "policy/session_aware.h"
 
 namespace kvtier {
 namespace {
@@ -14,6 +15,7 @@ constexpr PolicyEntry kPolicies[] = {
     {"lru", &MakeLruPolicy},
     {"s3fifo", &MakeS3FifoPolicy},
     {"arc", &MakeArcPolicy},
+    {"session", &MakeSessionAwarePolicy},
 };
 
 }  // namespace

@@ -1,0 +1,371 @@
+// Timed-replay reports and the HTML page (inline SVG, no scripts, no external resources).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "sim/report.h"
+
+namespace kvtier::sim {
+namespace {
+
+nlohmann::json PercentilesJson(const Percentiles& p) {
+  return {{"mean", p.mean}, {"p50", p.p50}, {"p90", p.p90}, {"p95", p.p95}, {"p99", p.p99}};
+}
+
+std::string Esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '"')
+      o += "&quot;";
+    else
+      o += c;
+  }
+  return o;
+}
+
+std::string F(double v, int digits = 2) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+const char* kColors[] = {"#2b6cb0", "#38a169", "#d69e2e", "#805ad5", "#c53030", "#718096"};
+
+std::string RunLabel(const TimedResult& r) {
+  std::string tiers;
+  for (const auto& t : r.tiers) tiers += (tiers.empty() ? "" : "+") + t.tier;
+  return r.policy + " C=" + std::to_string(r.concurrency) + " " + tiers +
+         (r.replicas > 1 ? " x" + std::to_string(r.replicas) : "");
+}
+
+// Horizontal stacked bars: the prompt-token split of each run, with the ideal hit rate marked.
+std::string HitBars(const std::vector<std::string>& labels,
+                    const std::vector<std::array<double, 5>>& splits,
+                    const std::vector<double>& ideal) {
+  const int w = 760, row = 26, left = 230;
+  const int h = 40 + row * static_cast<int>(labels.size()) + 30;
+  std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='" + std::to_string(w) +
+                  "' height='" + std::to_string(h) + "' font-family='sans-serif' font-size='12'>";
+  s += "<text x='4' y='16' font-weight='bold'>Prompt tokens by source (| = ideal hit rate)</text>";
+  const char* names[] = {"HBM hit", "host hit", "SSD hit", "remote hit", "recomputed"};
+  const char* colors[] = {"#2b6cb0", "#38a169", "#d69e2e", "#805ad5", "#cbd5e0"};
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const int y = 28 + row * static_cast<int>(i);
+    s += "<text x='4' y='" + std::to_string(y + 15) + "'>" + Esc(labels[i]) + "</text>";
+    double x = left;
+    const double span = w - left - 20;
+    for (int k = 0; k < 5; ++k) {
+      const double bw = span * splits[i][k];
+      if (bw <= 0) continue;
+      s += "<rect x='" + F(x) + "' y='" + std::to_string(y) + "' width='" + F(bw) +
+           "' height='20' fill='" + colors[k] + "'><title>" + names[k] + " " +
+           F(100 * splits[i][k], 1) + "%</title></rect>";
+      x += bw;
+    }
+    if (i < ideal.size() && ideal[i] >= 0) {
+      const double ix = left + span * ideal[i];
+      s += "<line x1='" + F(ix) + "' x2='" + F(ix) + "' y1='" + std::to_string(y - 2) + "' y2='" +
+           std::to_string(y + 22) + "' stroke='black' stroke-width='2'/>";
+    }
+  }
+  const int ly = h - 12;
+  for (int k = 0; k < 5; ++k) {
+    s += "<rect x='" + std::to_string(left + 105 * k) + "' y='" + std::to_string(ly - 10) +
+         "' width='12' height='12' fill='" + colors[k] + "'/><text x='" +
+         std::to_string(left + 105 * k + 16) + "' y='" + std::to_string(ly) + "'>" + names[k] +
+         "</text>";
+  }
+  return s + "</svg>";
+}
+
+struct Series {
+  std::string label;
+  std::vector<std::pair<double, double>> points;
+  bool dashed_halo = false;
+  bool line = true;
+};
+
+// A line / scatter chart with axes and ticks.
+std::string Chart(const std::string& title, const std::string& xl, const std::string& yl,
+                  const std::vector<Series>& series, bool log_x = false) {
+  const int w = 760, h = 340, l = 70, r = 170, t = 30, b = 45;
+  double x0 = INFINITY, x1 = -INFINITY, y0 = 0, y1 = -INFINITY;
+  auto tx = [&](double x) { return log_x ? std::log10(std::max(x, 1e-9)) : x; };
+  for (const auto& se : series) {
+    for (auto [x, y] : se.points) {
+      x0 = std::min(x0, tx(x));
+      x1 = std::max(x1, tx(x));
+      y1 = std::max(y1, y);
+      y0 = std::min(y0, y);
+    }
+  }
+  if (!(x1 > x0)) {
+    x0 = x0 == INFINITY ? 0 : x0 - 1;
+    x1 = x0 + 2;
+  }
+  if (!(y1 > y0)) y1 = y0 + 1;
+  y1 *= 1.05;
+  auto px = [&](double x) { return l + (tx(x) - x0) / (x1 - x0) * (w - l - r); };
+  auto py = [&](double y) { return h - b - (y - y0) / (y1 - y0) * (h - t - b); };
+  std::string s = "<svg xmlns='http://www.w3.org/2000/svg' width='" + std::to_string(w) +
+                  "' height='" + std::to_string(h) + "' font-family='sans-serif' font-size='12'>";
+  s += "<text x='4' y='16' font-weight='bold'>" + Esc(title) + "</text>";
+  s += "<line x1='" + std::to_string(l) + "' y1='" + std::to_string(h - b) + "' x2='" +
+       std::to_string(w - r) + "' y2='" + std::to_string(h - b) + "' stroke='#333'/>";
+  s += "<line x1='" + std::to_string(l) + "' y1='" + std::to_string(t) + "' x2='" +
+       std::to_string(l) + "' y2='" + std::to_string(h - b) + "' stroke='#333'/>";
+  for (int i = 0; i <= 4; ++i) {
+    const double xv = x0 + (x1 - x0) * i / 4, yv = y0 + (y1 - y0) * i / 4;
+    const double shown_x = log_x ? std::pow(10, xv) : xv;
+    const double sx = l + (w - l - r) * i / 4.0;
+    s += "<text x='" + F(sx) + "' y='" + std::to_string(h - b + 16) + "' text-anchor='middle'>" +
+         F(shown_x, std::fabs(shown_x) < 10 ? 2 : 0) + "</text>";
+    s += "<text x='" + std::to_string(l - 6) + "' y='" + F(py(yv) + 4) + "' text-anchor='end'>" +
+         F(yv, std::fabs(y1) < 10 ? 2 : 0) + "</text>";
+    s += "<line x1='" + std::to_string(l) + "' x2='" + std::to_string(w - r) + "' y1='" +
+         F(py(yv)) + "' y2='" + F(py(yv)) + "' stroke='#eee'/>";
+  }
+  s += "<text x='" + std::to_string((l + w - r) / 2) + "' y='" + std::to_string(h - 8) +
+       "' text-anchor='middle'>" + Esc(xl) + "</text>";
+  s += "<text x='14' y='" + std::to_string((t + h - b) / 2) + "' transform='rotate(-90 14 " +
+       std::to_string((t + h - b) / 2) + ")' text-anchor='middle'>" + Esc(yl) + "</text>";
+  for (size_t i = 0; i < series.size(); ++i) {
+    const auto& se = series[i];
+    const char* c = kColors[i % 6];
+    if (se.line && se.points.size() > 1) {
+      std::string pts;
+      for (auto [x, y] : se.points) pts += F(px(x)) + "," + F(py(y)) + " ";
+      s += "<polyline fill='none' stroke='" + std::string(c) + "' stroke-width='2' points='" + pts +
+           "'/>";
+    }
+    for (auto [x, y] : se.points) {
+      if (se.dashed_halo) {
+        s += "<circle cx='" + F(px(x)) + "' cy='" + F(py(y)) + "' r='9' fill='none' stroke='" + c +
+             "' stroke-dasharray='3,2'/>";
+      }
+      if (!se.line || se.points.size() < 40) {
+        s += "<circle cx='" + F(px(x)) + "' cy='" + F(py(y)) + "' r='3.5' fill='" + c + "'/>";
+      }
+    }
+    s += "<text x='" + std::to_string(w - r + 10) + "' y='" + std::to_string(t + 16 * i + 10) +
+         "' fill='" + c + "'>" + Esc(se.label) + (se.dashed_halo ? " (offload)" : "") + "</text>";
+  }
+  return s + "</svg>";
+}
+
+std::string Page(const std::string& title, const std::string& body) {
+  return "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + Esc(title) +
+         "</title><style>body{font-family:sans-serif;max-width:800px;margin:20px auto}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;"
+         "text-align:right}</style></head><body><h1>" +
+         Esc(title) + "</h1>" + body + "</body></html>\n";
+}
+
+}  // namespace
+
+nlohmann::json TimedJson(const TimedResult& r) {
+  nlohmann::json j;
+  j["mode"] = "timed";
+  j["gpu"] = r.gpu;
+  j["model"] = r.model;
+  j["policy"] = r.policy;
+  j["concurrency"] = r.concurrency;
+  j["replicas"] = r.replicas;
+  j["tp"] = r.tp;
+  j["block_bytes"] = r.block_bytes;
+  j["capacity_tokens"] = r.capacity_tokens;
+  j["hbm_kv_bytes"] = r.hbm_kv_bytes;
+  j["requests"] = r.requests;
+  j["prompt_tokens"] = r.prompt_tokens;
+  j["output_tokens"] = r.output_tokens;
+  j["hit_tokens"] = r.prompt_tokens - r.recomputed;
+  j["hit_rate"] = r.hit_rate();
+  j["ideal_hit_rate"] = r.ideal_hit_rate;
+  j["tokens_by_source"] = {{"hbm", r.hbm_tokens},
+                           {"host", r.host_tokens},
+                           {"disk", r.disk_tokens},
+                           {"remote", r.remote_tokens},
+                           {"recomputed", r.recomputed}};
+  j["loadable_but_recomputed_tokens"] = r.loadable_recomputed;
+  j["ttft_s"] = PercentilesJson(r.ttft_s);
+  j["tpot_s"] = PercentilesJson(r.tpot_s);
+  j["e2e_s"] = PercentilesJson(r.e2e_s);
+  j["makespan_s"] = r.makespan_s;
+  j["throughput_per_gpu"] = {{"input_tokens_per_s", r.input_tokens_per_s_per_gpu},
+                             {"output_tokens_per_s", r.output_tokens_per_s_per_gpu}};
+  j["interactivity_tokens_per_s"] = r.interactivity;
+  nlohmann::json tiers = nlohmann::json::array();
+  for (size_t i = 0; i < r.tiers.size(); ++i) {
+    const auto& t = r.tiers[i];
+    tiers.push_back(
+        {{"tier", t.tier},
+         {"load_bytes", t.load_bytes},
+         {"store_bytes", t.store_bytes},
+         {"capacity_blocks", t.capacity_blocks},
+         {"peak_blocks", t.peak_blocks},
+         {"occupancy", i < r.occupancy_frac.size() ? r.occupancy_frac[i] : std::vector<double>{}}});
+  }
+  j["tiers"] = tiers;
+  j["occupancy_t_s"] = r.occupancy_t;
+  j["wall_s"] = r.wall_s;
+  return j;
+}
+
+void PrintTimedTable(const TimedResult& r, std::FILE* out) {
+  std::fprintf(out,
+               "timed replay: %s on %u x %s (tp %u), policy %s, concurrency %u, %llu requests, "
+               "%.1f s simulated (%.2f s wall)\n",
+               r.model.c_str(), r.replicas, r.gpu.c_str(), r.tp, r.policy.c_str(), r.concurrency,
+               static_cast<unsigned long long>(r.requests), r.makespan_s, r.wall_s);
+  const double p = r.prompt_tokens ? static_cast<double>(r.prompt_tokens) : 1;
+  std::fprintf(out,
+               "prompt tokens: %.3f G; HBM hit %.1f%%, host %.1f%%, SSD %.1f%%, remote %.1f%%, "
+               "recomputed %.1f%% (of which loadable %.1f%%); hit rate %.1f%% vs ideal %.1f%%\n",
+               r.prompt_tokens / 1e9, 100 * r.hbm_tokens / p, 100 * r.host_tokens / p,
+               100 * r.disk_tokens / p, 100 * r.remote_tokens / p, 100 * r.recomputed / p,
+               100 * r.loadable_recomputed / p, 100 * r.hit_rate(), 100 * r.ideal_hit_rate);
+  std::fprintf(out, "%-8s %9s %9s %9s %9s %9s\n", "latency", "mean", "p50", "p90", "p95", "p99");
+  auto row = [&](const char* n, const Percentiles& q) {
+    std::fprintf(out, "%-8s %9.3f %9.3f %9.3f %9.3f %9.3f\n", n, q.mean, q.p50, q.p90, q.p95,
+                 q.p99);
+  };
+  row("TTFT s", r.ttft_s);
+  row("TPOT s", r.tpot_s);
+  row("E2E s", r.e2e_s);
+  std::fprintf(
+      out, "throughput per GPU: %.0f input tok/s, %.1f output tok/s; interactivity %.1f tok/s\n",
+      r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu, r.interactivity);
+  for (const auto& t : r.tiers) {
+    std::fprintf(
+        out, "tier %-6s capacity %10llu blocks, peak %10llu; loaded %8.2f GB, stored %8.2f GB\n",
+        t.tier.c_str(), static_cast<unsigned long long>(t.capacity_blocks),
+        static_cast<unsigned long long>(t.peak_blocks), t.load_bytes / 1e9, t.store_bytes / 1e9);
+  }
+}
+
+std::string TimedCsv(const std::vector<TimedResult>& runs) {
+  std::string s =
+      "gpu,model,policy,concurrency,replicas,tp,tiers,requests,prompt_tokens,hbm,host,disk,"
+      "remote,recomputed,hit_rate,ideal_hit_rate,ttft_mean,ttft_p50,ttft_p90,ttft_p95,ttft_p99,"
+      "tpot_mean,e2e_mean,input_tps_per_gpu,output_tps_per_gpu,interactivity\n";
+  for (const auto& r : runs) {
+    std::string tiers;
+    for (const auto& t : r.tiers) tiers += (tiers.empty() ? "" : "+") + t.tier;
+    char b[1024];
+    std::snprintf(
+        b, sizeof b,
+        "%s,%s,%s,%u,%u,%u,%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%.4f,%.4f,%.4f,"
+        "%.4f,%.4f,%.5f,%.4f,%.1f,%.2f,%.2f\n",
+        r.gpu.c_str(), r.model.c_str(), r.policy.c_str(), r.concurrency, r.replicas, r.tp,
+        tiers.c_str(), static_cast<unsigned long long>(r.requests),
+        static_cast<unsigned long long>(r.prompt_tokens),
+        static_cast<unsigned long long>(r.hbm_tokens),
+        static_cast<unsigned long long>(r.host_tokens),
+        static_cast<unsigned long long>(r.disk_tokens),
+        static_cast<unsigned long long>(r.remote_tokens),
+        static_cast<unsigned long long>(r.recomputed), r.hit_rate(), r.ideal_hit_rate,
+        r.ttft_s.mean, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p95, r.ttft_s.p99, r.tpot_s.mean,
+        r.e2e_s.mean, r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu, r.interactivity);
+    s += b;
+  }
+  return s;
+}
+
+std::string TimedHtml(const std::vector<TimedResult>& runs, const std::string& title) {
+  std::string body;
+  std::vector<std::string> labels;
+  std::vector<std::array<double, 5>> splits;
+  std::vector<double> ideal;
+  for (const auto& r : runs) {
+    const double p = r.prompt_tokens ? static_cast<double>(r.prompt_tokens) : 1;
+    labels.push_back(RunLabel(r));
+    splits.push_back({r.hbm_tokens / p, r.host_tokens / p, r.disk_tokens / p, r.remote_tokens / p,
+                      r.recomputed / p});
+    ideal.push_back(r.ideal_hit_rate);
+  }
+  body += HitBars(labels, splits, ideal);
+  // TTFT CDF per run (at most 6 runs drawn).
+  std::vector<Series> cdf;
+  for (size_t i = 0; i < runs.size() && cdf.size() < 6; ++i) {
+    Series se{labels[i], {}, runs[i].offload, true};
+    const auto& v = runs[i].ttft_samples;
+    const size_t n = v.size();
+    for (size_t k = 0; k < n; k += std::max<size_t>(1, n / 200)) {
+      se.points.emplace_back(std::max(v[k], 1e-4), static_cast<double>(k + 1) / n);
+    }
+    if (n) se.points.emplace_back(std::max(v.back(), 1e-4), 1.0);
+    se.dashed_halo = false;
+    cdf.push_back(std::move(se));
+  }
+  body += Chart("TTFT CDF", "TTFT (s, log)", "fraction of requests", cdf, /*log_x=*/true);
+  // Pool-size sweep: hit rate vs host pool (as a multiple of HBM KV), for runs with a host tier.
+  std::vector<Series> pool;
+  Series hit{"hit rate", {}, false, true};
+  for (const auto& r : runs) {
+    double mult = 0;
+    for (const auto& t : r.tiers) {
+      if (t.tier == "host" && r.tiers[0].capacity_blocks > 0) {
+        mult = static_cast<double>(t.capacity_blocks) / r.tiers[0].capacity_blocks;
+      }
+    }
+    hit.points.emplace_back(mult, r.hit_rate());
+  }
+  std::sort(hit.points.begin(), hit.points.end());
+  if (hit.points.size() > 1) {
+    pool.push_back(hit);
+    body += Chart("Pool-size sweep", "host pool (x HBM KV capacity)", "hit rate", pool);
+  }
+  // Throughput per GPU vs interactivity; offload points with a dashed halo.
+  Series on{"offload", {}, true, false}, off{"HBM only", {}, false, false};
+  for (const auto& r : runs) {
+    (r.offload ? on : off).points.emplace_back(r.interactivity, r.output_tokens_per_s_per_gpu);
+  }
+  std::vector<Series> tp;
+  if (!off.points.empty()) tp.push_back(off);
+  if (!on.points.empty()) tp.push_back(on);
+  body += Chart("Throughput per GPU vs interactivity", "interactivity (tok/s per user)",
+                "output tokens/s per GPU", tp);
+  body +=
+      "<table><tr><th>run</th><th>hit</th><th>ideal</th><th>TTFT p50</th><th>TTFT p99</th>"
+      "<th>out tok/s/GPU</th></tr>";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    body += "<tr><td style='text-align:left'>" + Esc(labels[i]) + "</td><td>" +
+            F(100 * r.hit_rate(), 1) + "%</td><td>" + F(100 * r.ideal_hit_rate, 1) + "%</td><td>" +
+            F(r.ttft_s.p50, 3) + "</td><td>" + F(r.ttft_s.p99, 3) + "</td><td>" +
+            F(r.output_tokens_per_s_per_gpu, 1) + "</td></tr>";
+  }
+  body += "</table>";
+  return Page(title, body);
+}
+
+std::string CacheCompareHtml(const CacheCompareResult& r, const std::string& title) {
+  std::vector<std::string> labels;
+  std::vector<std::array<double, 5>> splits;
+  std::vector<double> ideal;
+  auto add = [&](const CacheReplayResult& p) {
+    labels.push_back(p.policy);
+    splits.push_back({p.hit_rate(), 0, 0, 0, 1 - p.hit_rate()});
+    ideal.push_back(r.ideal.hit_rate());
+  };
+  if (r.min) add(*r.min);
+  for (const auto& p : r.policies) add(p);
+  std::string body =
+      "<p>" + std::to_string(r.stats.requests) + " requests, capacity " +
+      std::to_string(r.capacity_tokens) + " tokens (" +
+      F(r.stats.live_context_mean_tokens > 0 ? r.capacity_tokens / r.stats.live_context_mean_tokens
+                                             : 0) +
+      "x mean live context); cache hits drawn as HBM.</p>";
+  body += HitBars(labels, splits, ideal);
+  return Page(title, body);
+}
+
+}  // namespace kvtier::sim

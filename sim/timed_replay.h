@@ -1,0 +1,117 @@
+// Timed replay: a discrete-event, closed-loop simulation of agentic sessions against modelled
+// hardware (doc/replay.md, "Timed replay").
+//
+// C session trees (a session and its sub-agents) are live at once; when one finishes the next
+// trace starts (the set is recycled, each copy in its own namespace). A request is sent its think
+// time after the session's previous request finished; a sub-agent starts at its recorded offset
+// after its parent started. Each replica (tp GPUs) has an HBM tier and optionally host DRAM and
+// SSD tiers; a remote tier is shared by all replicas. Tiers hold block sizes only (no bytes), each
+// with its own eviction policy. The cost model:
+//   prefill  = FLOPs(new tokens over their context) / (peak FLOP/s x mfu), one prefill at a time
+//   decode   = per token (weights + KV of the running batch) / (HBM bandwidth x efficiency)
+//   load     = tier latency + bytes / tier bandwidth, queued on the shared host link
+//   store    = HBM evictions written back to host, host evictions to SSD, every new block written
+//              through to remote; stores queue on the same link as loads
+// and per request the planner loads the cached run that pays (load time < its recompute time).
+//
+// Thread-safety: reentrant (one run per call).
+#ifndef KVTIER_SIM_TIMED_REPLAY_H_
+#define KVTIER_SIM_TIMED_REPLAY_H_
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/status.h"
+#include "sim/profiles.h"
+#include "workload/trace.h"
+
+namespace kvtier::sim {
+
+struct TierSpec {
+  bool enabled = false;
+  uint64_t capacity_bytes = 0;
+  double bandwidth_gbps = 0;  // GB/s (1e9 bytes) for loads; stores use the same figure
+  double latency_s = 0;       // per operation
+};
+
+struct TimedOptions {
+  uint32_t concurrency = 8;  // live session trees
+  uint32_t replicas = 1;
+  uint32_t tp = 0;            // GPUs per replica; 0 = the fewest that hold the weights
+  uint64_t max_requests = 0;  // 0 = one pass over every trace (more when concurrency needs it)
+  std::string policy = "lru-tail";  // per tier: lru-tail (built in) or a MakeEvictionPolicy name
+  // HBM KV capacity; 0 = what the GPUs hold after weights (hbm_kv_fraction of the rest).
+  uint64_t hbm_kv_bytes = 0;
+  double hbm_kv_fraction = 0.9;
+  TierSpec host;  // bandwidth 0 = the GPU host link; capacity 0 = 4x HBM KV (<= 3 TB)
+  double host_pool_multiple = 0;  // > 0: host capacity = this x the HBM KV capacity
+  TierSpec disk;
+  TierSpec remote;      // shared by every replica
+  bool planner = true;  // false: always load what is cached (no recompute choice)
+  double mfu = 0;       // 0 = the GPU profile's
+  uint32_t occupancy_samples = 64;
+  bool record_requests = false;  // fill TimedResult::log
+
+  Status Validate() const;
+};
+
+struct Percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p95 = 0, p99 = 0;
+};
+Percentiles ComputePercentiles(std::vector<double> values);
+
+struct TierTraffic {
+  std::string tier;
+  uint64_t load_bytes = 0;   // tier -> HBM
+  uint64_t store_bytes = 0;  // HBM (or upper tier) -> tier
+  uint64_t capacity_blocks = 0;
+  uint64_t peak_blocks = 0;
+};
+
+struct RequestRecord {
+  uint32_t trace = 0;
+  uint32_t session = 0;  // index into Trace::sessions
+  uint32_t request = 0;  // index into its session's requests
+  double arrive_s = 0, first_token_s = 0, done_s = 0;
+};
+
+struct TimedResult {
+  std::string gpu, model, policy;
+  uint32_t concurrency = 0, replicas = 0, tp = 0;
+  uint64_t block_bytes = 0;
+  uint64_t hbm_kv_bytes = 0;
+  uint64_t capacity_tokens = 0;  // HBM KV capacity in tokens
+  uint64_t requests = 0;
+  uint64_t prompt_tokens = 0, output_tokens = 0;
+  // Prompt tokens by where they came from.
+  uint64_t hbm_tokens = 0, host_tokens = 0, disk_tokens = 0, remote_tokens = 0, recomputed = 0;
+  uint64_t loadable_recomputed = 0;  // cached below HBM but the planner chose to recompute
+  double ideal_hit_rate = 0;         // of the same requests, infinite cache
+  Percentiles ttft_s, tpot_s, e2e_s;
+  std::vector<double> ttft_samples;  // sorted, for the CDF
+  double makespan_s = 0;
+  double input_tokens_per_s_per_gpu = 0;
+  double output_tokens_per_s_per_gpu = 0;
+  double interactivity = 0;  // 1 / mean TPOT (tokens/s per user)
+  std::vector<TierTraffic> tiers;
+  std::vector<double> occupancy_t;                  // sample times
+  std::vector<std::vector<double>> occupancy_frac;  // per tier, used / capacity at each sample
+  std::vector<RequestRecord> log;                   // with record_requests, in completion order
+  double wall_s = 0;
+  bool offload = false;  // any tier below HBM enabled
+
+  double hit_rate() const {
+    return prompt_tokens
+               ? 1.0 - static_cast<double>(recomputed) / static_cast<double>(prompt_tokens)
+               : 0;
+  }
+};
+
+Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const GpuProfile& gpu,
+                                const ModelProfile& model, const TimedOptions& options);
+
+}  // namespace kvtier::sim
+
+#endif  // KVTIER_SIM_TIMED_REPLAY_H_

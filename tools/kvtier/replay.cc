@@ -1,0 +1,154 @@
+// kvtier replay: replays traces (files, folders, or a synthetic corpus) cache-only against
+// policies and bounds, or timed against modelled hardware. See doc/replay.md.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "command.h"
+#include "replay_common.h"
+#include "sim/cache_compare.h"
+#include "sim/report.h"
+#include "sim/timed_replay.h"
+#include "workload/readers.h"
+#include "workload/synthetic.h"
+
+namespace kvtier::cli {
+namespace {
+
+struct ReplayArgs {
+  WorkloadArgs workload;
+  bool cache_only = false;
+  std::vector<std::string> policies;
+  uint64_t capacity_tokens = 0;
+  double capacity_live = 0;
+  bool no_min = false;
+  bool baseline = false;
+  std::string touch = "tail";
+  std::string json_path, csv_path, html_path;
+  TimedArgs timed;
+};
+
+int RunCacheOnly(const ReplayArgs& a, const Loaded& loaded) {
+  workload::RequestStream& stream = *loaded.stream;
+  const std::vector<std::string>& names = loaded.names;
+  sim::CacheCompareOptions o;
+  if (!a.policies.empty()) o.policies = a.policies;
+  o.capacity_tokens = a.capacity_tokens;
+  o.capacity_live = a.capacity_live;
+  if (o.capacity_tokens == 0 && o.capacity_live == 0) o.capacity_live = 1.0;
+  o.with_min = !a.no_min;
+  o.measure_baseline = a.baseline;
+  o.touch = a.touch == "head" ? sim::TouchOrder::kHeadFirst : sim::TouchOrder::kTailFirst;
+  Progress progress("replay");
+  auto r = sim::CompareCacheOnly(stream, o, [&](double f) { progress.Update(f, 1.0); });
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  if (!loaded.is_synthetic) {
+    std::printf("read %zu trace files, %.1f MB in %.3f s (%.0f MB/s)\n", loaded.traces.size(),
+                loaded.read_bytes / 1e6, loaded.read_s,
+                loaded.read_s > 0 ? loaded.read_bytes / 1e6 / loaded.read_s : 0.0);
+  }
+  sim::PrintCacheCompareTable(*r, stdout);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("peak memory (max RSS): %.1f MiB\n", ru.ru_maxrss / 1024.0);
+  nlohmann::json j = sim::CacheCompareJson(*r, names);
+  j["peak_rss_bytes"] = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  j["read_s"] = loaded.read_s;
+  j["read_bytes"] = loaded.read_bytes;
+  if (!a.json_path.empty()) {
+    if (Status s = sim::WriteFile(a.json_path, j.dump(2) + "\n"); !s.ok()) {
+      std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!a.csv_path.empty()) {
+    if (Status s = sim::WriteFile(a.csv_path, sim::CacheCompareCsv(*r)); !s.ok()) {
+      std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!a.html_path.empty()) {
+    if (Status s =
+            sim::WriteFile(a.html_path, sim::CacheCompareHtml(*r, "kvtier cache-only replay"));
+        !s.ok()) {
+      std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int RunTimedOnce(const TimedArgs& t, const Loaded& loaded, const std::vector<std::string>& policies,
+                 const std::string& json_path, const std::string& csv_path,
+                 const std::string& html_path) {
+  if (policies.size() > 1) {
+    std::fprintf(stderr, "kvtier replay: timed replay takes one --policy (use kvtier sweep)\n");
+    return 2;
+  }
+  sim::TimedOptions o;
+  sim::GpuProfile gpu;
+  sim::ModelProfile model;
+  if (!MakeTimedOptions(t, policies.empty() ? "" : policies[0], &o, &gpu, &model)) return 2;
+  auto r = sim::ReplayTimed(loaded.traces, gpu, model, o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvtier replay: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  sim::PrintTimedTable(*r, stdout);
+  const std::vector<sim::TimedResult> runs = {*r};
+  Status s;
+  if (!json_path.empty()) s = sim::WriteFile(json_path, sim::TimedJson(*r).dump(2) + "\n");
+  if (s.ok() && !csv_path.empty()) s = sim::WriteFile(csv_path, sim::TimedCsv(runs));
+  if (s.ok() && !html_path.empty()) {
+    s = sim::WriteFile(html_path, sim::TimedHtml(runs, "kvtier timed replay"));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int Run(const ReplayArgs& a) {
+  Loaded loaded;
+  if (int rc = LoadWorkload(a.workload, &loaded, /*need_traces=*/!a.cache_only); rc != 0) return rc;
+  if (a.cache_only) return RunCacheOnly(a, loaded);
+  return RunTimedOnce(a.timed, loaded, a.policies, a.json_path, a.csv_path, a.html_path);
+}
+
+}  // namespace
+}  // namespace kvtier::cli
+
+KVTIER_REGISTER_COMMAND(
+    replay, ({"replay"}), "Replay traces: cache-only against policies and bounds, or timed",
+    [](CLI::App* app) -> kvtier::cli::RunFn {
+      auto a = std::make_shared<kvtier::cli::ReplayArgs>();
+      kvtier::cli::AddWorkloadOptions(app, &a->workload);
+      app->add_flag("--cache-only", a->cache_only,
+                    "Timing-free replay of the exact definition (doc/replay.md)");
+      app->add_option("--policy", a->policies,
+                      "Policies to compare (repeat or comma-separate): lru, lru-tail, s3fifo, arc, "
+                      "session. Default: all")
+          ->delimiter(',');
+      app->add_option("--capacity-tokens", a->capacity_tokens, "Cache capacity in tokens");
+      app->add_option("--capacity-live", a->capacity_live,
+                      "Cache capacity as a multiple of the mean live context of the active "
+                      "sessions (default 1 when no capacity is given)");
+      app->add_flag("--no-min", a->no_min, "Skip Belady's MIN (it holds the trace in memory)");
+      app->add_flag("--baseline", a->baseline,
+                    "Also time the stream alone and stream + key hashing (the same-run floor)");
+      app->add_option("--touch", a->touch,
+                      "Touch order for library policies: tail (default) or head")
+          ->check(CLI::IsMember({"tail", "head"}));
+      app->add_option("--json", a->json_path, "Write the report as JSON");
+      app->add_option("--csv", a->csv_path, "Write the report as CSV");
+      app->add_option("--html", a->html_path, "Write a self-contained HTML page with SVG charts");
+      kvtier::cli::AddTimedOptions(app, &a->timed);
+      return [a] { return kvtier::cli::Run(*a); };
+    });
