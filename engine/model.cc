@@ -1,0 +1,222 @@
+#include "engine/model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace kvtier::engine {
+namespace {
+
+// y[n][out] = x[n][in] * W[out][in]^T
+void Linear(const float* x, uint32_t n, uint32_t in, const std::vector<float>& w, uint32_t out,
+            float* y, uint32_t ldy) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
+              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w.data(), static_cast<int>(in),
+              0.0f, y, static_cast<int>(ldy));
+}
+
+void RmsNorm(const float* x, uint32_t n, uint32_t d, const std::vector<float>& w, float eps,
+             float* y) {
+  for (uint32_t t = 0; t < n; ++t) {
+    const float* xr = x + size_t{t} * d;
+    float* yr = y + size_t{t} * d;
+    float ss = 0.0f;
+    for (uint32_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+    for (uint32_t i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+}  // namespace
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+int BlasThreads() { return openblas_get_num_threads(); }
+
+Model::Model(ModelConfig config, Weights weights)
+    : config_(std::move(config)), weights_(std::move(weights)) {
+  const uint32_t hd = config_.head_dim();
+  inv_freq_.resize(hd / 2);
+  for (uint32_t i = 0; i < hd / 2; ++i) {
+    inv_freq_[i] = static_cast<float>(
+        std::pow(static_cast<double>(config_.rope_theta), -2.0 * i / static_cast<double>(hd)));
+  }
+}
+
+Result<Model> Model::Create(ModelConfig config, Weights weights) {
+  KVTIER_RETURN_IF_ERROR(config.Validate());
+  KVTIER_RETURN_IF_ERROR(weights.CheckShapes(config));
+  return Model(std::move(config), std::move(weights));
+}
+
+Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
+                           std::span<const BlockId> table, KvPool* pool,
+                           std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const uint32_t n = static_cast<uint32_t>(tokens.size());
+  const uint32_t bt = pool->layout().block_tokens;
+  if (pool->layout() != c.Layout(bt)) {
+    return Status::InvalidArgument("forward: pool layout " + pool->layout().ToString() +
+                                   " does not fit model " + c.name);
+  }
+  if (n == 0) return Status::InvalidArgument("forward: empty chunk");
+  if (pos / bt != (pos + n - 1) / bt) {
+    return Status::InvalidArgument("forward: chunk [" + std::to_string(pos) + ", " +
+                                   std::to_string(pos + n) + ") spans two blocks");
+  }
+  if (pos + n > c.max_positions) {
+    return Status::InvalidArgument("forward: position " + std::to_string(pos + n) +
+                                   " is past max_positions " + std::to_string(c.max_positions));
+  }
+  if (table.size() <= pos / bt) {
+    return Status::InvalidArgument("forward: block table has " + std::to_string(table.size()) +
+                                   " blocks, position " + std::to_string(pos) + " needs " +
+                                   std::to_string(pos / bt + 1));
+  }
+  for (TokenId t : tokens) {
+    if (t >= c.vocab_size) {
+      return Status::InvalidArgument("forward: token " + std::to_string(t) +
+                                     " is outside the vocabulary of " +
+                                     std::to_string(c.vocab_size));
+    }
+  }
+
+  const uint32_t d = c.d_model, hd = c.head_dim(), qdim = c.num_heads * hd,
+                 kvdim = c.num_kv_heads * hd, f = c.ffn_dim;
+  x_.resize(size_t{n} * d);
+  h_.resize(size_t{n} * d);
+  q_.resize(size_t{n} * qdim);
+  attn_.resize(size_t{n} * qdim);
+  tmp_.resize(size_t{n} * d);
+  gate_.resize(size_t{n} * f);
+  up_.resize(size_t{n} * f);
+  for (uint32_t t = 0; t < n; ++t) {
+    std::memcpy(&x_[size_t{t} * d], &weights_.embedding[size_t{tokens[t]} * d], d * sizeof(float));
+  }
+
+  // RoPE (adjacent pairs, the GGUF "llama" convention) for the chunk's positions.
+  const uint32_t half = hd / 2;
+  std::vector<float> cs(size_t{n} * half), sn(size_t{n} * half);
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos + t) * static_cast<double>(inv_freq_[i]);
+      cs[size_t{t} * half + i] = static_cast<float>(std::cos(angle));
+      sn[size_t{t} * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  auto rope = [&](float* rows, uint32_t heads, uint32_t stride) {
+    for (uint32_t t = 0; t < n; ++t) {
+      for (uint32_t hh = 0; hh < heads; ++hh) {
+        float* v = rows + size_t{t} * stride + size_t{hh} * hd;
+        for (uint32_t i = 0; i < half; ++i) {
+          const float c0 = cs[size_t{t} * half + i], s0 = sn[size_t{t} * half + i];
+          const float a = v[2 * i], b = v[2 * i + 1];
+          v[2 * i] = a * c0 - b * s0;
+          v[2 * i + 1] = a * s0 + b * c0;
+        }
+      }
+    }
+  };
+
+  const BlockId cur = table[pos / bt];
+  const uint32_t off = pos % bt;
+  for (uint32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    RmsNorm(x_.data(), n, d, w.attn_norm, c.norm_eps, h_.data());
+    Linear(h_.data(), n, d, w.wq, qdim, q_.data(), qdim);
+    float* k_rows = pool->K(cur, l) + size_t{off} * kvdim;
+    float* v_rows = pool->V(cur, l) + size_t{off} * kvdim;
+    Linear(h_.data(), n, d, w.wk, kvdim, k_rows, kvdim);
+    Linear(h_.data(), n, d, w.wv, kvdim, v_rows, kvdim);
+    rope(q_.data(), c.num_heads, qdim);
+    rope(k_rows, c.num_kv_heads, kvdim);
+    Attention(l, pos, n, table, pool);
+    Linear(attn_.data(), n, qdim, w.wo, d, tmp_.data(), d);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+
+    RmsNorm(x_.data(), n, d, w.ffn_norm, c.norm_eps, h_.data());
+    Linear(h_.data(), n, d, w.w_gate, f, gate_.data(), f);
+    Linear(h_.data(), n, d, w.w_up, f, up_.data(), f);
+    for (size_t i = 0; i < gate_.size(); ++i) {
+      const float g = gate_[i];
+      gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+    }
+    Linear(gate_.data(), n, f, w.w_down, d, tmp_.data(), d);
+    for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+  }
+
+  if (logits != nullptr) {
+    RmsNorm(&x_[size_t{n - 1} * d], 1, d, weights_.final_norm, c.norm_eps, h_.data());
+    logits->resize(c.vocab_size);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(c.vocab_size), static_cast<int>(d),
+                1.0f, weights_.output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
+                logits->data(), 1);
+  }
+  return Status::Ok();
+}
+
+// Causal GQA attention of the chunk's queries over KV blocks 0 .. pos / bt. The query heads of
+// one KV group are stacked (M = group * n rows) so each block costs one scores sgemm and one
+// accumulating P*V sgemm, read in place from the pool; shapes depend only on (pos, n).
+void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const BlockId> table,
+                      KvPool* pool) {
+  const ModelConfig& c = config_;
+  const uint32_t hd = c.head_dim(), qdim = c.num_heads * hd, kvdim = c.num_kv_heads * hd;
+  const uint32_t group = c.group_size(), m = group * n;
+  const uint32_t bt = pool->layout().block_tokens;
+  const uint32_t ctx = pos + n;
+  const uint32_t nblk = (ctx - 1) / bt + 1;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  qg_.resize(size_t{m} * hd);
+  outg_.resize(size_t{m} * hd);
+  scores_.resize(size_t{m} * ctx);
+
+  for (uint32_t g = 0; g < c.num_kv_heads; ++g) {
+    for (uint32_t gi = 0; gi < group; ++gi) {
+      for (uint32_t t = 0; t < n; ++t) {
+        std::memcpy(&qg_[(size_t{gi} * n + t) * hd], &q_[size_t{t} * qdim + (g * group + gi) * hd],
+                    hd * sizeof(float));
+      }
+    }
+    for (uint32_t j = 0; j < nblk; ++j) {
+      const uint32_t cols = std::min(bt, ctx - j * bt);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                  static_cast<int>(cols), static_cast<int>(hd), scale, qg_.data(),
+                  static_cast<int>(hd), pool->K(table[j], layer) + g * hd, static_cast<int>(kvdim),
+                  0.0f, &scores_[size_t{j} * bt], static_cast<int>(ctx));
+    }
+    for (uint32_t r = 0; r < m; ++r) {
+      float* row = &scores_[size_t{r} * ctx];
+      const uint32_t valid = pos + (r % n) + 1;  // causal: keys [0, p]
+      float mx = -std::numeric_limits<float>::infinity();
+      for (uint32_t i = 0; i < valid; ++i) mx = std::max(mx, row[i]);
+      float sum = 0.0f;
+      for (uint32_t i = 0; i < valid; ++i) {
+        row[i] = std::exp(row[i] - mx);
+        sum += row[i];
+      }
+      const float inv = 1.0f / sum;
+      for (uint32_t i = 0; i < valid; ++i) row[i] *= inv;
+      for (uint32_t i = valid; i < ctx; ++i) row[i] = 0.0f;
+    }
+    for (uint32_t j = 0; j < nblk; ++j) {
+      const uint32_t cols = std::min(bt, ctx - j * bt);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                  static_cast<int>(hd), static_cast<int>(cols), 1.0f, &scores_[size_t{j} * bt],
+                  static_cast<int>(ctx), pool->V(table[j], layer) + g * hd, static_cast<int>(kvdim),
+                  j == 0 ? 0.0f : 1.0f, outg_.data(), static_cast<int>(hd));
+    }
+    for (uint32_t gi = 0; gi < group; ++gi) {
+      for (uint32_t t = 0; t < n; ++t) {
+        std::memcpy(&attn_[size_t{t} * qdim + (g * group + gi) * hd],
+                    &outg_[(size_t{gi} * n + t) * hd], hd * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace kvtier::engine
