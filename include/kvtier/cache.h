@@ -38,11 +38,11 @@ enum class WriteMode : uint8_t {
 std::string_view WriteModeName(WriteMode mode);
 
 struct TierSpec {
-  std::string kind;               // "device", "host", "metadata" (+ "disk", "remote" when built)
-  std::string name;               // defaults to kind
-  uint64_t capacity_bytes = 0;    // required, > 0, at least one block
-  int threads = 1;                // copy threads for host/device tiers (1..64)
-  std::string eviction = "lru";   // for cache-managed tiers: see EvictionPolicyNames()
+  std::string kind;              // "device", "host", "metadata" (+ "disk", "remote" when built)
+  std::string name;              // defaults to kind
+  uint64_t capacity_bytes = 0;   // required, > 0, at least one block
+  int threads = 1;               // copy threads for host/device tiers (1..64)
+  std::string eviction = "lru";  // for cache-managed tiers: see EvictionPolicyNames()
   AdmissionOptions admission;
   std::map<std::string, std::string> params;  // kind-specific settings (path, url, ...)
   std::shared_ptr<Tier> instance;             // a pre-built tier; kind is then ignored
@@ -51,12 +51,12 @@ struct TierSpec {
 struct CacheOptions {
   KvLayout layout;
   std::string model_id = "default";
-  std::string tenant;     // the default namespace; a request may name another
+  std::string tenant;  // the default namespace; a request may name another
   std::string lora_id;
   std::vector<TierSpec> tiers;  // fastest first; at most kMaxTiers
   WriteMode write_mode = WriteMode::kWriteThrough;
-  bool promote_on_load = true;    // a block loaded from a lower tier is copied into the first
-  bool verify_checksums = true;   // checksum on Store; verify loads from verify_on_load tiers
+  bool promote_on_load = true;   // a block loaded from a lower tier is copied into the first
+  bool verify_checksums = true;  // checksum on Store; verify loads from verify_on_load tiers
   KvEventCallback on_event;
 
   // OK, or InvalidArgument naming the field ("tiers[1].capacity_bytes: must be > 0").
@@ -64,23 +64,23 @@ struct CacheOptions {
 };
 
 struct RequestOptions {
-  std::string tenant;    // empty = CacheOptions::tenant
-  std::string lora_id;   // empty = CacheOptions::lora_id
+  std::string tenant;   // empty = CacheOptions::tenant
+  std::string lora_id;  // empty = CacheOptions::lora_id
   uint64_t session_id = 0;
 };
 
 struct LookupResult {
-  std::vector<BlockKey> keys;   // keys of every full block of the request
-  uint32_t hit_blocks = 0;      // leading blocks that can be loaded
-  std::vector<int8_t> source;   // source[i] (i < hit_blocks): tier to load block i from
+  std::vector<BlockKey> keys;  // keys of every full block of the request
+  uint32_t hit_blocks = 0;     // leading blocks that can be loaded
+  std::vector<int8_t> source;  // source[i] (i < hit_blocks): tier to load block i from
   std::array<uint32_t, kMaxTiers> blocks_by_tier{};  // hit blocks per source tier
-  PinSet pins;                  // keeps the hit blocks resident until released
+  PinSet pins;                                       // keeps the hit blocks resident until released
   uint32_t block_tokens = 0;
   uint64_t hit_tokens() const { return uint64_t{hit_blocks} * block_tokens; }
 };
 
 struct LoadResult {
-  uint32_t loaded_blocks = 0;   // leading blocks delivered; recompute from here on
+  uint32_t loaded_blocks = 0;        // leading blocks delivered; recompute from here on
   std::vector<Status> block_status;  // per requested block
   uint64_t bytes = 0;
 };
@@ -89,7 +89,7 @@ struct StoreResult {
   uint32_t stored_blocks = 0;   // blocks newly written to at least one tier
   uint32_t present_blocks = 0;  // already resident (touched, not copied)
   uint32_t failed_blocks = 0;
-  Status first_error;           // the first failure, for logs
+  Status first_error;  // the first failure, for logs
 };
 
 struct CacheStats {
@@ -98,11 +98,11 @@ struct CacheStats {
     TierKind kind = TierKind::kHost;
     TierStats tier;
     uint64_t resident_blocks = 0;
-    uint64_t hit_blocks = 0;     // blocks served by Lookup+Load from this tier
+    uint64_t hit_blocks = 0;  // blocks served by Lookup+Load from this tier
     uint64_t evictions = 0;
-    uint64_t writebacks = 0;     // victims moved down on eviction
-    uint64_t rejected = 0;       // refused by admission
-    uint64_t corruptions = 0;    // loads that failed verification
+    uint64_t writebacks = 0;   // victims moved down on eviction
+    uint64_t rejected = 0;     // refused by admission
+    uint64_t corruptions = 0;  // loads that failed verification
   };
   std::vector<PerTier> tiers;
   uint64_t lookups = 0;
@@ -148,9 +148,8 @@ class Cache {
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
                             uint32_t first_block = 0, const RequestOptions& request = {});
   // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
-  Result<StoreResult> StoreKeys(std::span<const BlockKey> keys,
-                                std::span<const ConstBlock> blocks, uint32_t first_block = 0,
-                                const RequestOptions& request = {});
+  Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                                uint32_t first_block = 0, const RequestOptions& request = {});
 
   // Session lifecycle hints for session-aware policies.
   void NotifySession(uint64_t session_id, SessionEvent event);

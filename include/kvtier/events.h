@@ -19,7 +19,7 @@ struct KvEvent {
   uint64_t seq = 0;  // 1, 2, 3, ... per Cache, in the order the changes happened
   Type type = Type::kStored;
   BlockKey key;
-  int tier = 0;      // index in CacheOptions::tiers
+  int tier = 0;  // index in CacheOptions::tiers
 };
 
 using KvEventCallback = std::function<void(const KvEvent&)>;

@@ -25,12 +25,12 @@ using TierMask = uint32_t;  // bit t set: resident in tier t
 struct IndexEntry {
   TierMask tiers = 0;
   uint32_t pins = 0;
-  uint32_t size = 0;       // bytes of the block
-  uint64_t checksum = 0;   // XXH3-64 of the bytes; 0 = not computed
+  uint32_t size = 0;      // bytes of the block
+  uint64_t checksum = 0;  // XXH3-64 of the bytes; 0 = not computed
 };
 
 struct MatchResult {
-  // prefix_blocks[t]: number of leading chain blocks all resident in tier t.
+  // tier_prefix[t]: number of leading chain blocks all resident in tier t.
   std::array<uint32_t, kMaxTiers> tier_prefix{};
   // Leading blocks each resident in some tier (the loadable prefix).
   uint32_t any_prefix = 0;
@@ -76,9 +76,15 @@ class BlockIndex {
   // Copy of the entry, or false when absent.
   bool Get(const BlockKey& key, IndexEntry* entry) const;
   bool IsPinned(const BlockKey& key) const;
+  // Clears tier from key's mask unless the key is pinned; false (nothing changed) when pinned
+  // or absent. The eviction primitive: check and removal are atomic.
+  bool TryRemoveUnpinned(const BlockKey& key, int tier);
 
   // Longest resident prefixes of chain, per tier and overall, with the per-block masks.
   void Match(std::span<const BlockKey> chain, MatchResult* result) const;
+  // Match that also pins the matched prefix (any_prefix blocks) atomically with the match,
+  // replacing whatever *pins held.
+  void MatchAndPin(std::span<const BlockKey> chain, MatchResult* result, PinSet* pins);
 
   // Pins every key of `keys` that has an entry (the returned set holds those). Pinned keys are
   // never evicted by the Cache.
@@ -89,6 +95,7 @@ class BlockIndex {
  private:
   friend class PinSet;
   void Unpin(std::span<const BlockKey> keys);
+  void MatchImpl(std::span<const BlockKey> chain, MatchResult* result, PinSet* pins) const;
 
   struct Shard;
   Shard& ShardOf(const BlockKey& key) const;

@@ -27,16 +27,16 @@ namespace kvtier {
 
 // What an agentic server knows about a block's owner, for policies that use it.
 struct AccessHint {
-  uint64_t session_id = 0;   // 0 = unknown
-  uint32_t position = 0;     // block index in its request's chain
-  double now_s = 0;          // the caller's clock
+  uint64_t session_id = 0;  // 0 = unknown
+  uint32_t position = 0;    // block index in its request's chain
+  double now_s = 0;         // the caller's clock
 };
 
 enum class SessionEvent : uint8_t {
-  kThinking,   // waiting on the client or a tool call: will come back
-  kActive,     // a request of the session is running
-  kFinished,   // the session or sub-agent ended: its private blocks will not return
-  kReset,      // the context was reset: old blocks will not return
+  kThinking,  // waiting on the client or a tool call: will come back
+  kActive,    // a request of the session is running
+  kFinished,  // the session or sub-agent ended: its private blocks will not return
+  kReset,     // the context was reset: old blocks will not return
 };
 
 class EvictionPolicy {

@@ -81,7 +81,7 @@ class [[nodiscard]] Result {
   static_assert(!std::is_same_v<std::remove_cv_t<T>, Status>, "use Status directly");
 
   Result(T value) : has_value_(true) { new (&value_) T(std::move(value)); }  // NOLINT
-  Result(Status status) : status_(std::move(status)) {                        // NOLINT
+  Result(Status status) : status_(std::move(status)) {                       // NOLINT
     if (status_.ok()) status_ = Status::Internal("Result built from an OK Status without a value");
   }
   Result(const Result& other) : status_(other.status_), has_value_(other.has_value_) {
@@ -150,10 +150,10 @@ void Result<T>::AbortOnBadAccess(const Status& s) {
 }  // namespace kvtier
 
 // Returns from the enclosing function when `expr` (a Status) is not OK.
-#define KVTIER_RETURN_IF_ERROR(expr)          \
-  do {                                        \
-    ::kvtier::Status _kvtier_st = (expr);     \
-    if (!_kvtier_st.ok()) return _kvtier_st;  \
+#define KVTIER_RETURN_IF_ERROR(expr)         \
+  do {                                       \
+    ::kvtier::Status _kvtier_st = (expr);    \
+    if (!_kvtier_st.ok()) return _kvtier_st; \
   } while (0)
 
 #define KVTIER_CONCAT_INNER_(a, b) a##b

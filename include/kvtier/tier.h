@@ -36,17 +36,17 @@ using ConstBlock = std::span<const std::byte>;
 using MutableBlock = std::span<std::byte>;
 
 struct TierCapabilities {
-  bool stores_bytes = true;       // false for MetadataTier: Get copies nothing.
-  bool managed_by_cache = true;   // false: the tier evicts by itself and notifies.
-  bool authoritative = true;      // false: others may add or drop blocks (shared remote);
-                                  // the index is a hint and Lookup asks Exists.
-  bool persistent = false;        // survives a process restart.
-  bool shared = false;            // other processes see the same blocks.
-  bool verify_on_load = false;    // bytes come from outside this process: verify checksums.
+  bool stores_bytes = true;      // false for MetadataTier: Get copies nothing.
+  bool managed_by_cache = true;  // false: the tier evicts by itself and notifies.
+  bool authoritative = true;     // false: others may add or drop blocks (shared remote);
+                                 // the index is a hint and Lookup asks Exists.
+  bool persistent = false;       // survives a process restart.
+  bool shared = false;           // other processes see the same blocks.
+  bool verify_on_load = false;   // bytes come from outside this process: verify checksums.
 };
 
 struct TierStats {
-  uint64_t puts = 0;          // blocks stored
+  uint64_t puts = 0;  // blocks stored
   uint64_t put_bytes = 0;
   uint64_t put_failures = 0;
   uint64_t gets = 0;          // blocks asked for

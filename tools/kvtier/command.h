@@ -47,8 +47,8 @@ class Progress {
 
 }  // namespace kvtier::cli
 
-#define KVTIER_REGISTER_COMMAND(id, path, description, setup) \
-  static const bool kvtier_command_##id =                      \
-      ::kvtier::cli::RegisterCommand(::kvtier::cli::CommandSpec{std::vector<std::string> path, description, setup})
+#define KVTIER_REGISTER_COMMAND(id, path, description, setup)             \
+  static const bool kvtier_command_##id = ::kvtier::cli::RegisterCommand( \
+      ::kvtier::cli::CommandSpec{std::vector<std::string> path, description, setup})
 
 #endif  // KVTIER_TOOLS_COMMAND_H_

@@ -22,8 +22,7 @@ bool RegisterCommand(CommandSpec spec) {
 }
 
 static double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 Progress::Progress(std::string label) : label_(std::move(label)), start_s_(NowS()) {
@@ -42,8 +41,8 @@ void Progress::Update(double done, double total) {
   last_s_ = now;
   double frac = total > 0 ? done / total : 0;
   double eta = frac > 0 ? (now - start_s_) * (1 - frac) / frac : 0;
-  std::fprintf(stderr, "\r%s: %5.1f%%  %.0fs elapsed, ~%.0fs left   ", label_.c_str(),
-               100 * frac, now - start_s_, eta);
+  std::fprintf(stderr, "\r%s: %5.1f%%  %.0fs elapsed, ~%.0fs left   ", label_.c_str(), 100 * frac,
+               now - start_s_, eta);
   std::fflush(stderr);
   printed_ = true;
 }

@@ -1,0 +1,131 @@
+#include "common/copy.h"
+
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace kvtier {
+
+void CopyBlock(void* dst, const void* src, size_t n) {
+#if defined(__SSE2__)
+  constexpr size_t kStreamMin = 64 * 1024;
+  if (n < kStreamMin) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  auto* d = static_cast<unsigned char*>(dst);
+  auto* s = static_cast<const unsigned char*>(src);
+  // Align the destination to 16 bytes for the streaming stores.
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  auto* dp = reinterpret_cast<__m128i*>(d);
+  auto* sp = reinterpret_cast<const __m128i*>(s);
+  size_t lines = n / 64;
+  for (size_t i = 0; i < lines; ++i) {
+    __m128i a = _mm_loadu_si128(sp + 0);
+    __m128i b = _mm_loadu_si128(sp + 1);
+    __m128i c = _mm_loadu_si128(sp + 2);
+    __m128i e = _mm_loadu_si128(sp + 3);
+    _mm_stream_si128(dp + 0, a);
+    _mm_stream_si128(dp + 1, b);
+    _mm_stream_si128(dp + 2, c);
+    _mm_stream_si128(dp + 3, e);
+    sp += 4;
+    dp += 4;
+  }
+  // Streaming stores are weakly ordered: fence before anyone may read the destination.
+  _mm_sfence();
+  size_t done = lines * 64;
+  std::memcpy(d + done, s + done, n - done);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+void CopyRange(std::span<const CopyJob> jobs, size_t begin, size_t end) {
+  size_t offset = 0;
+  for (const CopyJob& j : jobs) {
+    size_t jb = offset, je = offset + j.bytes;
+    offset = je;
+    if (je <= begin) continue;
+    if (jb >= end) break;
+    size_t from = std::max(begin, jb) - jb;
+    size_t to = std::min(end, je) - jb;
+    CopyBlock(j.dst + from, j.src + from, to - from);
+  }
+}
+
+CopyPool::CopyPool(int threads) : threads_(threads < 1 ? 1 : threads) {
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+CopyPool::~CopyPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void CopyPool::WorkerLoop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int, int)>* task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      task = task_;
+    }
+    (*task)(index, threads_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void CopyPool::ParallelFor(const std::function<void(int, int)>& fn) {
+  if (threads_ == 1) {
+    fn(0, 1);
+    return;
+  }
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    task_ = &fn;
+    pending_ = threads_ - 1;
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  fn(0, threads_);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  task_ = nullptr;
+}
+
+void CopyPool::Run(std::span<const CopyJob> jobs, size_t min_parallel_bytes) {
+  size_t total = 0;
+  for (const CopyJob& j : jobs) total += j.bytes;
+  if (threads_ == 1 || total < min_parallel_bytes) {
+    CopyRange(jobs, 0, total);
+    return;
+  }
+  // Split on 4 KiB boundaries so threads never share a destination cache line.
+  const size_t kAlign = 4096;
+  ParallelFor([&](int i, int n) {
+    size_t per = (total / n + kAlign - 1) / kAlign * kAlign;
+    size_t begin = std::min(total, per * i);
+    size_t end = i == n - 1 ? total : std::min(total, per * (i + 1));
+    if (begin < end) CopyRange(jobs, begin, end);
+  });
+}
+
+}  // namespace kvtier

@@ -1,0 +1,70 @@
+// Bulk copies for KV blocks, and a small pool that splits a batch of copies over threads.
+//
+// CopyBlock uses non-temporal (streaming) stores for large copies: a block written to a tier is
+// not read again soon, so bypassing the cache avoids the read-for-ownership of every destination
+// line (measured +40-90% over memcpy for 256 KiB-8 MiB copies on this machine).
+//
+// Thread-safety: CopyBlock is reentrant. CopyPool::Run may be called from several threads; calls
+// are serialised on the pool (one batch at a time), the caller's thread works too.
+#ifndef KVTIER_SRC_COMMON_COPY_H_
+#define KVTIER_SRC_COMMON_COPY_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace kvtier {
+
+// Copies n bytes; the ranges must not overlap.
+void CopyBlock(void* dst, const void* src, size_t n);
+
+struct CopyJob {
+  std::byte* dst;
+  const std::byte* src;
+  size_t bytes;
+};
+
+class CopyPool {
+ public:
+  // threads >= 1: the caller plus threads - 1 workers.
+  explicit CopyPool(int threads);
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  int threads() const { return threads_; }
+
+  // Runs all jobs, split by bytes across the threads; returns when every byte is copied.
+  // Batches under min_parallel_bytes run on the caller alone.
+  void Run(std::span<const CopyJob> jobs, size_t min_parallel_bytes = size_t{1} << 20);
+
+  // Runs fn(worker_index, num_workers) on every thread (worker 0 is the caller).
+  void ParallelFor(const std::function<void(int, int)>& fn);
+
+ private:
+  void WorkerLoop(int index);
+
+  const int threads_;
+  std::mutex run_mu_;  // one batch at a time
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;                              // guarded by mu_
+  int pending_ = 0;                                      // guarded by mu_
+  bool stop_ = false;                                    // guarded by mu_
+  const std::function<void(int, int)>* task_ = nullptr;  // guarded by mu_
+  std::vector<std::thread> workers_;
+};
+
+// Copies byte range [begin, end) of the concatenation of jobs.
+void CopyRange(std::span<const CopyJob> jobs, size_t begin, size_t end);
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_COMMON_COPY_H_

@@ -1,0 +1,209 @@
+#include "kvtier/layout.h"
+
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "hash/xxh.h"
+
+namespace kvtier {
+
+size_t DTypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+      return 2;
+    case DType::kFp16:
+      return 2;
+    case DType::kFp8:
+      return 1;
+    case DType::kFp32:
+      return 4;
+  }
+  return 0;
+}
+
+std::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kFp8:
+      return "fp8";
+    case DType::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+std::optional<DType> ParseDType(std::string_view name) {
+  if (name == "bf16") return DType::kBf16;
+  if (name == "fp16" || name == "f16") return DType::kFp16;
+  if (name == "fp8" || name == "f8") return DType::kFp8;
+  if (name == "fp32" || name == "f32") return DType::kFp32;
+  return std::nullopt;
+}
+
+std::string_view AttentionKindName(AttentionKind kind) {
+  return kind == AttentionKind::kMla ? "mla" : "mha";
+}
+
+std::optional<AttentionKind> ParseAttentionKind(std::string_view name) {
+  if (name == "mha" || name == "gqa" || name == "mqa") return AttentionKind::kMha;
+  if (name == "mla") return AttentionKind::kMla;
+  return std::nullopt;
+}
+
+Status KvLayout::Validate() const {
+  if (num_layers == 0 || num_layers > 4096)
+    return Status::InvalidArgument("layout.num_layers: must be in 1..4096, got " +
+                                   std::to_string(num_layers));
+  if (num_kv_heads == 0 || num_kv_heads > 1024)
+    return Status::InvalidArgument("layout.num_kv_heads: must be in 1..1024, got " +
+                                   std::to_string(num_kv_heads));
+  if (head_dim == 0 || head_dim > 65536)
+    return Status::InvalidArgument("layout.head_dim: must be in 1..65536, got " +
+                                   std::to_string(head_dim));
+  if (block_tokens == 0 || block_tokens > 4096)
+    return Status::InvalidArgument("layout.block_tokens: must be in 1..4096, got " +
+                                   std::to_string(block_tokens));
+  if (DTypeBytes(dtype) == 0) return Status::InvalidArgument("layout.dtype: unknown dtype");
+  if (attention == AttentionKind::kMla && num_kv_heads != 1)
+    return Status::InvalidArgument(
+        "layout.num_kv_heads: MLA stores one latent per token, so num_kv_heads must be 1, got " +
+        std::to_string(num_kv_heads));
+  if (bytes_per_block() > (uint64_t{4} << 30))
+    return Status::InvalidArgument("layout: a block of " + FormatBytes(bytes_per_block()) +
+                                   " exceeds the 4 GiB limit");
+  return Status::Ok();
+}
+
+uint64_t KvLayout::bytes_per_token() const {
+  uint64_t per_layer = uint64_t{num_kv_heads} * head_dim * DTypeBytes(dtype);
+  if (attention == AttentionKind::kMha) per_layer *= 2;  // K and V
+  return per_layer * num_layers;
+}
+
+uint64_t KvLayout::fingerprint() const {
+  // Fixed little-endian encoding with a version byte: stable across builds and machines.
+  unsigned char buf[32] = {};
+  size_t n = 0;
+  auto put32 = [&](uint32_t v) {
+    for (int i = 0; i < 4; ++i) buf[n++] = static_cast<unsigned char>(v >> (8 * i));
+  };
+  buf[n++] = 1;  // encoding version
+  put32(num_layers);
+  put32(num_kv_heads);
+  put32(head_dim);
+  put32(block_tokens);
+  buf[n++] = static_cast<unsigned char>(dtype);
+  buf[n++] = static_cast<unsigned char>(attention);
+  return XXH3_64bits(buf, n);
+}
+
+std::string KvLayout::ToString() const {
+  return std::to_string(num_layers) + "L x " + std::to_string(num_kv_heads) + "H x " +
+         std::to_string(head_dim) + "D " + std::string(DTypeName(dtype)) + " " +
+         std::string(AttentionKindName(attention)) + ", " + std::to_string(block_tokens) +
+         " tok/block, " + FormatBytes(bytes_per_block()) + "/block";
+}
+
+namespace {
+struct Preset {
+  const char* name;
+  uint32_t layers, kv_heads, head_dim;
+  AttentionKind attention;
+};
+// Public model configs; bf16 KV.
+constexpr Preset kPresets[] = {
+    {"llama-3.1-8b", 32, 8, 128, AttentionKind::kMha},
+    {"llama-3.1-70b", 80, 8, 128, AttentionKind::kMha},
+    {"qwen3-235b-a22b", 94, 4, 128, AttentionKind::kMha},
+    {"deepseek-v3", 61, 1, 576, AttentionKind::kMla},  // 512 latent + 64 rope dims
+};
+}  // namespace
+
+Result<KvLayout> LayoutPreset(std::string_view name, uint32_t block_tokens) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      KvLayout l;
+      l.num_layers = p.layers;
+      l.num_kv_heads = p.kv_heads;
+      l.head_dim = p.head_dim;
+      l.dtype = DType::kBf16;
+      l.block_tokens = block_tokens;
+      l.attention = p.attention;
+      KVTIER_RETURN_IF_ERROR(l.Validate());
+      return l;
+    }
+  }
+  std::string known;
+  for (const Preset& p : kPresets) known += std::string(known.empty() ? "" : ", ") + p.name;
+  return Status::NotFound("unknown layout preset '" + std::string(name) + "' (known: " + known +
+                          ")");
+}
+
+std::vector<std::string> LayoutPresetNames() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+Result<uint64_t> ParseByteSize(std::string_view text) {
+  std::string_view s = text;
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+  if (ec != std::errc() || ptr == s.data() || value < 0 || !std::isfinite(value))
+    return Status::InvalidArgument("cannot parse '" + std::string(text) + "' as a size");
+  std::string_view unit(ptr, s.data() + s.size() - ptr);
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  std::string u;
+  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double mult;
+  if (u.empty() || u == "b")
+    mult = 1;
+  else if (u == "k" || u == "kb")
+    mult = 1e3;
+  else if (u == "kib")
+    mult = 1024.0;
+  else if (u == "m" || u == "mb")
+    mult = 1e6;
+  else if (u == "mib")
+    mult = 1024.0 * 1024;
+  else if (u == "g" || u == "gb")
+    mult = 1e9;
+  else if (u == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (u == "t" || u == "tb")
+    mult = 1e12;
+  else if (u == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return Status::InvalidArgument("cannot parse '" + std::string(text) +
+                                   "' as a size: unknown unit '" + std::string(unit) +
+                                   "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  double bytes = value * mult;
+  if (bytes > 1.8e19) return Status::InvalidArgument("size '" + std::string(text) + "' too large");
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0 || v == std::floor(v))
+    std::snprintf(buf, sizeof(buf), "%.0f %s", v, kUnits[u]);
+  else
+    std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace kvtier

@@ -1,0 +1,270 @@
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kvtier/config.h"
+
+namespace kvtier {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::string source) : source_(std::move(source)) {}
+
+  Status Error(const YAML::Node& node, const std::string& path, const std::string& what) const {
+    std::string where = source_;
+    if (node.IsDefined() && node.Mark().line >= 0)
+      where += ":" + std::to_string(node.Mark().line + 1);
+    return Status::InvalidArgument(where + ": " + path + ": " + what);
+  }
+
+  Status CheckKeys(const YAML::Node& map, const std::string& path,
+                   std::initializer_list<const char*> known) const {
+    if (!map.IsMap()) return Error(map, path.empty() ? "(top level)" : path, "want a mapping");
+    for (const auto& kv : map) {
+      std::string key = kv.first.as<std::string>();
+      bool ok = false;
+      for (const char* k : known) ok |= key == k;
+      if (!ok) {
+        std::string list;
+        for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+        return Error(kv.first, Join(path, key), "unknown key (known: " + list + ")");
+      }
+    }
+    return Status::Ok();
+  }
+
+  static std::string Join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+  Result<std::string> String(const YAML::Node& n, const std::string& path) const {
+    if (!n.IsScalar()) return Error(n, path, "want a scalar");
+    return n.as<std::string>();
+  }
+  Result<uint64_t> Uint(const YAML::Node& n, const std::string& path) const {
+    KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
+    uint64_t v = 0;
+    size_t used = 0;
+    try {
+      if (!s.empty() && s[0] == '-') throw std::invalid_argument("negative");
+      v = std::stoull(s, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != s.size())
+      return Error(n, path, "want a non-negative integer, got '" + s + "'");
+    return v;
+  }
+  Result<bool> Bool(const YAML::Node& n, const std::string& path) const {
+    KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
+    if (s == "true" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "no" || s == "off") return false;
+    return Error(n, path, "want true or false, got '" + s + "'");
+  }
+  Result<uint64_t> Size(const YAML::Node& n, const std::string& path) const {
+    KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
+    auto v = ParseByteSize(s);
+    if (!v.ok()) return Error(n, path, v.status().message());
+    return *v;
+  }
+
+  Result<KvLayout> Layout(const YAML::Node& n, const std::string& path) const {
+    KVTIER_RETURN_IF_ERROR(CheckKeys(n, path,
+                                     {"preset", "num_layers", "num_kv_heads", "head_dim", "dtype",
+                                      "block_tokens", "attention"}));
+    KvLayout l;
+    uint32_t block_tokens = 64;
+    if (n["block_tokens"]) {
+      KVTIER_ASSIGN_OR_RETURN(uint64_t bt, Uint(n["block_tokens"], Join(path, "block_tokens")));
+      block_tokens = static_cast<uint32_t>(bt);
+    }
+    if (n["preset"]) {
+      KVTIER_ASSIGN_OR_RETURN(std::string p, String(n["preset"], Join(path, "preset")));
+      auto preset = LayoutPreset(p, block_tokens);
+      if (!preset.ok()) return Error(n["preset"], Join(path, "preset"), preset.status().message());
+      l = *preset;
+    }
+    l.block_tokens = block_tokens;
+    auto u32 = [&](const char* key, uint32_t* out) -> Status {
+      if (!n[key]) return Status::Ok();
+      KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(n[key], Join(path, key)));
+      if (v > UINT32_MAX) return Error(n[key], Join(path, key), "too large");
+      *out = static_cast<uint32_t>(v);
+      return Status::Ok();
+    };
+    KVTIER_RETURN_IF_ERROR(u32("num_layers", &l.num_layers));
+    KVTIER_RETURN_IF_ERROR(u32("num_kv_heads", &l.num_kv_heads));
+    KVTIER_RETURN_IF_ERROR(u32("head_dim", &l.head_dim));
+    if (n["dtype"]) {
+      KVTIER_ASSIGN_OR_RETURN(std::string d, String(n["dtype"], Join(path, "dtype")));
+      auto dt = ParseDType(d);
+      if (!dt)
+        return Error(n["dtype"], Join(path, "dtype"),
+                     "unknown dtype '" + d + "' (bf16, fp16, fp8, fp32)");
+      l.dtype = *dt;
+    }
+    if (n["attention"]) {
+      KVTIER_ASSIGN_OR_RETURN(std::string a, String(n["attention"], Join(path, "attention")));
+      auto ak = ParseAttentionKind(a);
+      if (!ak)
+        return Error(n["attention"], Join(path, "attention"),
+                     "unknown attention '" + a + "' (mha, gqa, mla)");
+      l.attention = *ak;
+    }
+    Status v = l.Validate();
+    if (!v.ok()) return Error(n, path, v.message());
+    return l;
+  }
+
+  Result<AdmissionOptions> Admission(const YAML::Node& n, const std::string& path) const {
+    AdmissionOptions a;
+    if (n.IsScalar()) {
+      KVTIER_ASSIGN_OR_RETURN(std::string k, String(n, path));
+      auto kind = ParseAdmissionKind(k);
+      if (!kind)
+        return Error(n, path,
+                     "unknown admission '" + k + "' (always, min-prefix-tokens, after-n-hits)");
+      a.kind = *kind;
+      return a;
+    }
+    KVTIER_RETURN_IF_ERROR(CheckKeys(n, path, {"kind", "min_prefix_tokens", "hits"}));
+    if (n["kind"]) {
+      KVTIER_ASSIGN_OR_RETURN(std::string k, String(n["kind"], Join(path, "kind")));
+      auto kind = ParseAdmissionKind(k);
+      if (!kind)
+        return Error(n["kind"], Join(path, "kind"),
+                     "unknown admission '" + k + "' (always, min-prefix-tokens, after-n-hits)");
+      a.kind = *kind;
+    }
+    if (n["min_prefix_tokens"]) {
+      KVTIER_ASSIGN_OR_RETURN(a.min_prefix_tokens,
+                              Uint(n["min_prefix_tokens"], Join(path, "min_prefix_tokens")));
+    }
+    if (n["hits"]) {
+      KVTIER_ASSIGN_OR_RETURN(uint64_t h, Uint(n["hits"], Join(path, "hits")));
+      a.hits = static_cast<uint32_t>(h);
+    }
+    Status v = a.Validate();
+    if (!v.ok()) return Error(n, path, v.message());
+    return a;
+  }
+
+  Result<TierSpec> Tier(const YAML::Node& n, const std::string& path) const {
+    KVTIER_RETURN_IF_ERROR(CheckKeys(
+        n, path, {"kind", "name", "capacity", "threads", "eviction", "admission", "params"}));
+    TierSpec t;
+    if (!n["kind"]) return Error(n, Join(path, "kind"), "missing");
+    KVTIER_ASSIGN_OR_RETURN(t.kind, String(n["kind"], Join(path, "kind")));
+    if (n["name"]) {
+      KVTIER_ASSIGN_OR_RETURN(t.name, String(n["name"], Join(path, "name")));
+    }
+    if (!n["capacity"]) return Error(n, Join(path, "capacity"), "missing");
+    KVTIER_ASSIGN_OR_RETURN(t.capacity_bytes, Size(n["capacity"], Join(path, "capacity")));
+    if (n["threads"]) {
+      KVTIER_ASSIGN_OR_RETURN(uint64_t th, Uint(n["threads"], Join(path, "threads")));
+      if (th < 1 || th > 64) return Error(n["threads"], Join(path, "threads"), "must be in 1..64");
+      t.threads = static_cast<int>(th);
+    }
+    if (n["eviction"]) {
+      KVTIER_ASSIGN_OR_RETURN(t.eviction, String(n["eviction"], Join(path, "eviction")));
+      auto probe = MakeEvictionPolicy(t.eviction, 1);
+      if (!probe.ok())
+        return Error(n["eviction"], Join(path, "eviction"), probe.status().message());
+    }
+    if (n["admission"]) {
+      KVTIER_ASSIGN_OR_RETURN(t.admission, Admission(n["admission"], Join(path, "admission")));
+    }
+    if (n["params"]) {
+      const YAML::Node& p = n["params"];
+      if (!p.IsMap()) return Error(p, Join(path, "params"), "want a mapping");
+      for (const auto& kv : p) {
+        std::string key = kv.first.as<std::string>();
+        KVTIER_ASSIGN_OR_RETURN(std::string value,
+                                String(kv.second, Join(Join(path, "params"), key)));
+        t.params[key] = value;
+      }
+    }
+    return t;
+  }
+
+  Result<CacheOptions> Options(const YAML::Node& root) const {
+    KVTIER_RETURN_IF_ERROR(CheckKeys(root, "",
+                                     {"model_id", "layout", "tenant", "lora_id", "write_mode",
+                                      "verify_checksums", "promote_on_load", "tiers"}));
+    CacheOptions o;
+    if (root["model_id"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.model_id, String(root["model_id"], "model_id"));
+    }
+    if (!root["layout"]) return Error(root, "layout", "missing");
+    KVTIER_ASSIGN_OR_RETURN(o.layout, Layout(root["layout"], "layout"));
+    if (root["tenant"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.tenant, String(root["tenant"], "tenant"));
+    }
+    if (root["lora_id"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.lora_id, String(root["lora_id"], "lora_id"));
+    }
+    if (root["write_mode"]) {
+      KVTIER_ASSIGN_OR_RETURN(std::string m, String(root["write_mode"], "write_mode"));
+      if (m == "write-through")
+        o.write_mode = WriteMode::kWriteThrough;
+      else if (m == "write-back")
+        o.write_mode = WriteMode::kWriteBack;
+      else
+        return Error(root["write_mode"], "write_mode",
+                     "unknown mode '" + m + "' (write-through, write-back)");
+    }
+    if (root["verify_checksums"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.verify_checksums,
+                              Bool(root["verify_checksums"], "verify_checksums"));
+    }
+    if (root["promote_on_load"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.promote_on_load, Bool(root["promote_on_load"], "promote_on_load"));
+    }
+    const YAML::Node& tiers = root["tiers"];
+    if (!tiers || !tiers.IsSequence() || tiers.size() == 0)
+      return Error(root, "tiers", "want a non-empty list of tiers");
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      KVTIER_ASSIGN_OR_RETURN(TierSpec t, Tier(tiers[i], "tiers[" + std::to_string(i) + "]"));
+      o.tiers.push_back(std::move(t));
+    }
+    Status v = o.Validate();
+    if (!v.ok()) return Status::InvalidArgument(source_ + ": " + v.message());
+    return o;
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_view source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
+                                   ": not valid YAML: " + e.msg);
+  }
+  try {
+    return Reader(std::string(source)).Options(root);
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
+                                   ": " + e.msg);
+  }
+}
+
+Result<CacheOptions> LoadCacheOptionsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument(path + ": cannot open: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseCacheOptionsYaml(ss.str(), path);
+}
+
+}  // namespace kvtier

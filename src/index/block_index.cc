@@ -1,0 +1,208 @@
+#include <algorithm>
+#include <atomic>
+
+#include "common/flat_map.h"
+#include "common/mutex.h"
+#include "kvtier/index.h"
+
+namespace kvtier {
+namespace {
+// Keys per chunk of Match: the shard locks are taken once per chunk.
+constexpr size_t kMatchChunk = 4096;
+constexpr int kPrefetchAhead = 8;
+
+uint32_t AtomicAdd(uint32_t& v, int32_t delta) {
+  return std::atomic_ref<uint32_t>(v).fetch_add(static_cast<uint32_t>(delta),
+                                                std::memory_order_relaxed) +
+         static_cast<uint32_t>(delta);
+}
+uint32_t AtomicLoad(const uint32_t& v) {
+  return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(v)).load(std::memory_order_relaxed);
+}
+}  // namespace
+
+// Invariants: tiers, size and checksum change only under the exclusive lock; pins also change
+// under the shared lock through atomic_ref (relaxed: pins order nothing else, and eviction
+// reads them under the exclusive lock, which excludes every shared holder).
+struct BlockIndex::Shard {
+  mutable SharedMutex mu;
+  FlatKeyMap<IndexEntry> map KVTIER_GUARDED_BY(mu);
+};
+
+BlockIndex::BlockIndex(int num_shards)
+    : shards_(new Shard[std::clamp(num_shards, 1, 1024)]),
+      num_shards_(std::clamp(num_shards, 1, 1024)) {}
+
+BlockIndex::~BlockIndex() = default;
+
+BlockIndex::Shard& BlockIndex::ShardOf(const BlockKey& key) const {
+  // hi bits pick the shard; the map hashes lo mostly, so the two stay independent.
+  return shards_[(key.hi >> 32) % static_cast<uint64_t>(num_shards_)];
+}
+
+void BlockIndex::AddTier(const BlockKey& key, int tier, uint32_t size, uint64_t checksum) {
+  Shard& s = ShardOf(key);
+  WriterLock lock(&s.mu);
+  IndexEntry* e = s.map.Insert(key, IndexEntry{}).first;
+  e->tiers |= TierMask{1} << tier;
+  if (size) e->size = size;
+  if (checksum) e->checksum = checksum;
+}
+
+bool BlockIndex::RemoveTier(const BlockKey& key, int tier) {
+  Shard& s = ShardOf(key);
+  WriterLock lock(&s.mu);
+  IndexEntry* e = s.map.Find(key);
+  if (!e) return false;
+  const TierMask bit = TierMask{1} << tier;
+  const bool had = (e->tiers & bit) != 0;
+  e->tiers &= ~bit;
+  if (e->tiers == 0 && e->pins == 0) s.map.Erase(key);
+  return had;
+}
+
+bool BlockIndex::TryRemoveUnpinned(const BlockKey& key, int tier) {
+  Shard& s = ShardOf(key);
+  WriterLock lock(&s.mu);
+  IndexEntry* e = s.map.Find(key);
+  if (!e || e->pins > 0) return false;
+  e->tiers &= ~(TierMask{1} << tier);
+  if (e->tiers == 0) s.map.Erase(key);
+  return true;
+}
+
+bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {
+  Shard& s = ShardOf(key);
+  ReaderLock lock(&s.mu);
+  const IndexEntry* e = s.map.Find(key);
+  if (!e) return false;
+  *entry = *e;
+  entry->pins = AtomicLoad(e->pins);
+  return true;
+}
+
+bool BlockIndex::IsPinned(const BlockKey& key) const {
+  Shard& s = ShardOf(key);
+  ReaderLock lock(&s.mu);
+  const IndexEntry* e = s.map.Find(key);
+  return e && AtomicLoad(e->pins) > 0;
+}
+
+// Takes every shard's shared lock in ascending order (a fixed order: no lock cycles).
+void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
+                           PinSet* pins) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+  result->tier_prefix.fill(0);
+  result->any_prefix = 0;
+  result->masks.clear();
+  result->masks.reserve(chain.size());
+  TierMask alive = (TierMask{1} << kMaxTiers) - 1;  // tiers whose prefix is unbroken
+  bool any_alive = true;
+  for (size_t base = 0; base < chain.size() && any_alive; base += kMatchChunk) {
+    const size_t end = std::min(chain.size(), base + kMatchChunk);
+    for (int i = 0; i < num_shards_; ++i) shards_[i].mu.LockShared();
+    for (size_t i = base; i < end; ++i) {
+      if (i + kPrefetchAhead < end) {
+        const BlockKey& ahead = chain[i + kPrefetchAhead];
+        ShardOf(ahead).map.Prefetch(ahead);
+      }
+      IndexEntry* e = ShardOf(chain[i]).map.Find(chain[i]);
+      const TierMask m = e ? e->tiers : 0;
+      if (m == 0) {
+        any_alive = false;
+        break;
+      }
+      TierMask still = alive & m;
+      for (TierMask broken = alive & ~m; broken; broken &= broken - 1)
+        result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(i);
+      alive = still;
+      result->masks.push_back(m);
+      if (pins) {
+        AtomicAdd(e->pins, 1);
+        pins->keys_.push_back(chain[i]);
+      }
+      result->any_prefix = static_cast<uint32_t>(i + 1);
+    }
+    for (int i = num_shards_; i-- > 0;) shards_[i].mu.UnlockShared();
+  }
+  for (TierMask a = alive; a; a &= a - 1) {
+    int t = __builtin_ctz(a);
+    if (t < kMaxTiers) result->tier_prefix[t] = result->any_prefix;
+  }
+  if (pins) pins->index_ = const_cast<BlockIndex*>(this);
+}
+
+void BlockIndex::Match(std::span<const BlockKey> chain, MatchResult* result) const {
+  MatchImpl(chain, result, nullptr);
+}
+
+void BlockIndex::MatchAndPin(std::span<const BlockKey> chain, MatchResult* result, PinSet* pins) {
+  pins->Release();
+  MatchImpl(chain, result, pins);
+}
+
+PinSet BlockIndex::Pin(std::span<const BlockKey> keys) {
+  PinSet set;
+  set.index_ = this;
+  set.keys_.reserve(keys.size());
+  for (const BlockKey& k : keys) {
+    Shard& s = ShardOf(k);
+    ReaderLock lock(&s.mu);
+    IndexEntry* e = s.map.Find(k);
+    if (!e) continue;
+    AtomicAdd(e->pins, 1);
+    set.keys_.push_back(k);
+  }
+  return set;
+}
+
+void BlockIndex::Unpin(std::span<const BlockKey> keys) {
+  for (const BlockKey& k : keys) {
+    Shard& s = ShardOf(k);
+    bool orphan = false;
+    {
+      ReaderLock lock(&s.mu);
+      IndexEntry* e = s.map.Find(k);
+      if (!e) continue;
+      orphan = AtomicAdd(e->pins, -1) == 0 && e->tiers == 0;
+    }
+    if (orphan) {  // evicted while pinned: drop the empty entry now
+      WriterLock lock(&s.mu);
+      IndexEntry* e = s.map.Find(k);
+      if (e && e->pins == 0 && e->tiers == 0) s.map.Erase(k);
+    }
+  }
+}
+
+size_t BlockIndex::size() const {
+  size_t n = 0;
+  for (int i = 0; i < num_shards_; ++i) {
+    ReaderLock lock(&shards_[i].mu);
+    n += shards_[i].map.size();
+  }
+  return n;
+}
+
+PinSet::PinSet(PinSet&& other) noexcept : index_(other.index_), keys_(std::move(other.keys_)) {
+  other.index_ = nullptr;
+  other.keys_.clear();
+}
+
+PinSet& PinSet::operator=(PinSet&& other) noexcept {
+  if (this != &other) {
+    Release();
+    index_ = other.index_;
+    keys_ = std::move(other.keys_);
+    other.index_ = nullptr;
+    other.keys_.clear();
+  }
+  return *this;
+}
+
+PinSet::~PinSet() { Release(); }
+
+void PinSet::Release() {
+  if (index_ && !keys_.empty()) index_->Unpin(keys_);
+  keys_.clear();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,120 @@
+// Prometheus text exposition (format 0.0.4) of the cache's stats.
+#include <cinttypes>
+#include <cstdio>
+
+#include "kvtier/cache.h"
+
+namespace kvtier {
+namespace {
+
+void Line(std::string* out, const char* name, const std::string& labels, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", value);
+  *out += name;
+  if (!labels.empty()) *out += "{" + labels + "}";
+  *out += " ";
+  *out += buf;
+  *out += "\n";
+}
+
+void Header(std::string* out, const char* name, const char* type, const char* help) {
+  *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+// Label values escape backslash, quote and newline.
+std::string Escape(const std::string& v) {
+  std::string o;
+  for (char c : v) {
+    if (c == '\\' || c == '"') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+void Histo(std::string* out, const char* name, const std::string& labels,
+           const Histogram::Snapshot& h) {
+  uint64_t cum = 0;
+  std::string sep = labels.empty() ? "" : labels + ",";
+  for (int b = 0; b < Histogram::kBuckets; ++b) {
+    if (h.counts[b] == 0) continue;
+    cum += h.counts[b];
+    char le[32];
+    std::snprintf(le, sizeof(le), "%.9g", Histogram::BucketUpperBound(b) * 1e-9);
+    Line(out, (std::string(name) + "_bucket").c_str(), sep + "le=\"" + le + "\"",
+         static_cast<double>(cum));
+  }
+  Line(out, (std::string(name) + "_bucket").c_str(), sep + "le=\"+Inf\"",
+       static_cast<double>(h.count));
+  Line(out, (std::string(name) + "_sum").c_str(), labels, h.sum * 1e-9);
+  Line(out, (std::string(name) + "_count").c_str(), labels, static_cast<double>(h.count));
+}
+
+}  // namespace
+
+std::string_view KvEventTypeName(KvEvent::Type type) {
+  return type == KvEvent::Type::kStored ? "stored" : "removed";
+}
+
+std::string Cache::PrometheusText() const {
+  const CacheStats s = stats();
+  std::string out;
+  auto tier_counter = [&](const char* name, const char* type, const char* help, auto get) {
+    Header(&out, name, type, help);
+    for (const auto& t : s.tiers)
+      Line(&out, name, "tier=\"" + Escape(t.name) + "\"", static_cast<double>(get(t)));
+  };
+  using T = CacheStats::PerTier;
+  tier_counter("kvtier_tier_hit_blocks_total", "counter", "Blocks served from the tier",
+               [](const T& t) { return t.hit_blocks; });
+  tier_counter("kvtier_tier_get_misses_total", "counter", "Tier reads that missed",
+               [](const T& t) { return t.tier.misses; });
+  tier_counter("kvtier_tier_get_bytes_total", "counter", "Bytes read from the tier",
+               [](const T& t) { return t.tier.get_bytes; });
+  tier_counter("kvtier_tier_put_bytes_total", "counter", "Bytes written to the tier",
+               [](const T& t) { return t.tier.put_bytes; });
+  tier_counter("kvtier_tier_put_failures_total", "counter", "Blocks the tier failed to store",
+               [](const T& t) { return t.tier.put_failures; });
+  tier_counter("kvtier_tier_evictions_total", "counter", "Blocks evicted by policy",
+               [](const T& t) { return t.evictions; });
+  tier_counter("kvtier_tier_writebacks_total", "counter", "Victims moved to the next tier",
+               [](const T& t) { return t.writebacks; });
+  tier_counter("kvtier_tier_admission_rejects_total", "counter", "Blocks refused by admission",
+               [](const T& t) { return t.rejected; });
+  tier_counter("kvtier_tier_corruptions_total", "counter", "Loads that failed verification",
+               [](const T& t) { return t.corruptions; });
+  tier_counter("kvtier_tier_used_bytes", "gauge", "Bytes resident in the tier",
+               [](const T& t) { return t.tier.used_bytes; });
+  tier_counter("kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier",
+               [](const T& t) { return t.tier.capacity_bytes; });
+  Header(&out, "kvtier_tier_get_latency_seconds", "histogram", "Latency of batched tier reads");
+  for (const auto& t : s.tiers)
+    Histo(&out, "kvtier_tier_get_latency_seconds", "tier=\"" + Escape(t.name) + "\"",
+          t.tier.get_latency_ns);
+  Header(&out, "kvtier_tier_put_latency_seconds", "histogram", "Latency of batched tier writes");
+  for (const auto& t : s.tiers)
+    Histo(&out, "kvtier_tier_put_latency_seconds", "tier=\"" + Escape(t.name) + "\"",
+          t.tier.put_latency_ns);
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    Header(&out, name, "counter", help);
+    Line(&out, name, "", static_cast<double>(v));
+  };
+  counter("kvtier_lookups_total", "Lookups", s.lookups);
+  counter("kvtier_lookup_blocks_total", "Full blocks asked for by lookups", s.lookup_blocks);
+  counter("kvtier_hit_blocks_total", "Blocks found loadable by lookups", s.hit_blocks);
+  counter("kvtier_load_failed_blocks_total", "Blocks that failed to load (recomputed)",
+          s.load_failed_blocks);
+  counter("kvtier_stored_blocks_total", "Blocks newly stored", s.stored_blocks);
+  Header(&out, "kvtier_lookup_latency_seconds", "histogram", "Lookup latency");
+  Histo(&out, "kvtier_lookup_latency_seconds", "", s.lookup_latency_ns);
+  Header(&out, "kvtier_load_latency_seconds", "histogram", "Load latency");
+  Histo(&out, "kvtier_load_latency_seconds", "", s.load_latency_ns);
+  Header(&out, "kvtier_store_latency_seconds", "histogram", "Store latency");
+  Histo(&out, "kvtier_store_latency_seconds", "", s.store_latency_ns);
+  return out;
+}
+
+}  // namespace kvtier

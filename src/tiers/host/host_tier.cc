@@ -1,0 +1,202 @@
+#include "tiers/host/host_tier.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace kvtier {
+namespace {
+constexpr uint32_t kNoSlot = UINT32_MAX;
+
+// Per-thread scratch so a batch allocates nothing once warmed up.
+struct Scratch {
+  std::vector<uint32_t> slots;
+  std::vector<CopyJob> jobs;
+  std::vector<uint32_t> index;
+};
+Scratch& TlsScratch() {
+  thread_local Scratch s;
+  return s;
+}
+}  // namespace
+
+Status HostTierOptions::Validate(const KvLayout& layout) const {
+  if (kind != TierKind::kHost && kind != TierKind::kDevice)
+    return Status::InvalidArgument(name + ".kind: a host arena serves kind host or device");
+  if (threads < 1 || threads > 64)
+    return Status::InvalidArgument(name + ".threads: must be in 1..64, got " +
+                                   std::to_string(threads));
+  if (capacity_bytes < layout.bytes_per_block())
+    return Status::InvalidArgument(name + ".capacity_bytes: " + FormatBytes(capacity_bytes) +
+                                   " holds no block of " + FormatBytes(layout.bytes_per_block()));
+  if (capacity_bytes / layout.bytes_per_block() >= kNoSlot)
+    return Status::InvalidArgument(name + ".capacity_bytes: too many slots");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTierOptions options) {
+  KVTIER_RETURN_IF_ERROR(layout.Validate());
+  KVTIER_RETURN_IF_ERROR(options.Validate(layout));
+  const uint64_t slots = options.capacity_bytes / layout.bytes_per_block();
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = (slots * layout.bytes_per_block() + page - 1) / page * page;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    return Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) + ": " +
+                                     std::strerror(errno));
+  std::unique_ptr<HostTier> tier(
+      new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots));
+  if (options.prefault) tier->Prefault(options.huge_pages);
+#ifdef KVTIER_HAVE_CUDA
+  if (options.pin) {
+    cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+    if (err == cudaSuccess) {
+      tier->pinned_ = true;
+    } else {
+      (void)cudaGetLastError();
+      spdlog::info("{}: arena not pinned ({}); copies to a GPU will be staged", options.name,
+                   cudaGetErrorString(err));
+    }
+  }
+#endif
+  return tier;
+}
+
+HostTier::HostTier(const KvLayout& layout, const HostTierOptions& options, std::byte* arena,
+                   size_t arena_bytes, uint64_t slots)
+    : Tier(options.name, options.kind, layout, slots * layout.bytes_per_block()),
+      arena_(arena),
+      arena_bytes_(arena_bytes),
+      num_slots_(slots),
+      pool_(options.threads) {
+  WriterLock lock(&mu_);
+  map_.Reserve(slots);
+  free_.reserve(slots);
+  // Lowest slots on top of the stack: a small working set stays at the arena's start.
+  for (uint64_t i = slots; i-- > 0;) free_.push_back(static_cast<uint32_t>(i));
+}
+
+HostTier::~HostTier() {
+#ifdef KVTIER_HAVE_CUDA
+  if (pinned_) cudaHostUnregister(arena_);
+#endif
+  munmap(arena_, arena_bytes_);
+}
+
+void HostTier::Prefault(bool huge_pages) {
+  const auto t0 = std::chrono::steady_clock::now();
+#ifdef MADV_HUGEPAGE
+  if (huge_pages) madvise(arena_, arena_bytes_, MADV_HUGEPAGE);
+#endif
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  pool_.ParallelFor([&](int i, int n) {
+    size_t pages = arena_bytes_ / page;
+    size_t begin = pages * i / n, end = pages * (i + 1) / n;
+    volatile std::byte* base = arena_;
+    for (size_t pg = begin; pg < end; ++pg) base[pg * page] = std::byte{0};
+  });
+  prefault_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                       std::span<Status> results) {
+  Scratch& sc = TlsScratch();
+  sc.slots.assign(keys.size(), kNoSlot);
+  sc.jobs.clear();
+  {
+    WriterLock lock(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (blocks[i].size() != block_bytes()) {
+        results[i] =
+            Status::InvalidArgument(name() + ": block of " + std::to_string(blocks[i].size()) +
+                                    " bytes, want " + std::to_string(block_bytes()));
+        continue;
+      }
+      if (free_.empty()) {
+        results[i] = Status::ResourceExhausted(name() + ": full (" + std::to_string(num_slots_) +
+                                               " blocks)");
+        continue;
+      }
+      sc.slots[i] = free_.back();
+      free_.pop_back();
+      results[i] = Status::Ok();
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (sc.slots[i] != kNoSlot)
+      sc.jobs.push_back({SlotPtr(sc.slots[i]), blocks[i].data(), blocks[i].size()});
+  }
+  pool_.Run(sc.jobs);
+  WriterLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (sc.slots[i] == kNoSlot) continue;
+    auto [slot, inserted] = map_.Insert(keys[i], sc.slots[i]);
+    if (!inserted) {  // overwrite: the new copy replaces the old slot
+      free_.push_back(*slot);
+      *slot = sc.slots[i];
+    }
+  }
+}
+
+void HostTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+                       std::span<Status> results) {
+  Scratch& sc = TlsScratch();
+  sc.jobs.clear();
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (out[i].size() != block_bytes()) {
+      results[i] = Status::InvalidArgument(name() + ": buffer of " + std::to_string(out[i].size()) +
+                                           " bytes, want " + std::to_string(block_bytes()));
+      continue;
+    }
+    const uint32_t* slot = map_.Find(keys[i]);
+    if (!slot) {
+      results[i] = Status::NotFound(name() + ": block " + keys[i].ToHex() + " not resident");
+      continue;
+    }
+    sc.jobs.push_back({out[i].data(), SlotPtr(*slot), out[i].size()});
+    results[i] = Status::Ok();
+  }
+  pool_.Run(sc.jobs);
+}
+
+Status HostTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = map_.Contains(keys[i]);
+  return Status::Ok();
+}
+
+Status HostTier::EraseImpl(std::span<const BlockKey> keys) {
+  WriterLock lock(&mu_);
+  for (const BlockKey& k : keys) {
+    uint32_t* slot = map_.Find(k);
+    if (!slot) continue;
+    free_.push_back(*slot);
+    map_.Erase(k);
+  }
+  return Status::Ok();
+}
+
+uint64_t HostTier::UsedBytesImpl() const {
+  ReaderLock lock(&mu_);
+  return map_.size() * block_bytes();
+}
+
+TierCapabilities HostTier::CapabilitiesImpl() const {
+  TierCapabilities c;
+  c.stores_bytes = true;
+  c.managed_by_cache = true;
+  c.authoritative = true;
+  return c;
+}
+
+}  // namespace kvtier

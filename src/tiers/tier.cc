@@ -1,0 +1,125 @@
+#include "kvtier/tier.h"
+
+#include <chrono>
+
+namespace kvtier {
+namespace {
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Status CheckSizes(const char* op, size_t keys, size_t blocks, size_t results) {
+  if (keys != blocks || keys != results)
+    return Status::InvalidArgument(std::string(op) + ": " + std::to_string(keys) + " keys, " +
+                                   std::to_string(blocks) + " buffers and " +
+                                   std::to_string(results) + " results must be equal counts");
+  return Status::Ok();
+}
+}  // namespace
+
+std::string_view TierKindName(TierKind kind) {
+  switch (kind) {
+    case TierKind::kDevice:
+      return "device";
+    case TierKind::kHost:
+      return "host";
+    case TierKind::kDisk:
+      return "disk";
+    case TierKind::kRemote:
+      return "remote";
+    case TierKind::kMetadata:
+      return "metadata";
+  }
+  return "?";
+}
+
+Tier::Tier(std::string name, TierKind kind, const KvLayout& layout, uint64_t capacity_bytes)
+    : name_(std::move(name)),
+      kind_(kind),
+      layout_(layout),
+      block_bytes_(layout.bytes_per_block() ? layout.bytes_per_block() : 1),
+      capacity_bytes_(capacity_bytes) {}
+
+Tier::~Tier() = default;
+
+Status Tier::Put(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                 std::span<Status> results) {
+  KVTIER_RETURN_IF_ERROR(CheckSizes("Put", keys.size(), blocks.size(), results.size()));
+  const uint64_t t0 = NowNs();
+  PutImpl(keys, blocks, results);
+  uint64_t ok = 0;
+  for (const Status& s : results) ok += s.ok();
+  puts_.fetch_add(ok, std::memory_order_relaxed);
+  put_bytes_.fetch_add(ok * block_bytes_, std::memory_order_relaxed);
+  put_failures_.fetch_add(results.size() - ok, std::memory_order_relaxed);
+  put_latency_.Record(NowNs() - t0);
+  return Status::Ok();
+}
+
+Status Tier::Get(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+                 std::span<Status> results) {
+  KVTIER_RETURN_IF_ERROR(CheckSizes("Get", keys.size(), out.size(), results.size()));
+  const uint64_t t0 = NowNs();
+  GetImpl(keys, out, results);
+  uint64_t hit = 0, miss = 0;
+  for (const Status& s : results) {
+    hit += s.ok();
+    miss += s.IsNotFound();
+  }
+  gets_.fetch_add(results.size(), std::memory_order_relaxed);
+  hits_.fetch_add(hit, std::memory_order_relaxed);
+  misses_.fetch_add(miss, std::memory_order_relaxed);
+  get_failures_.fetch_add(results.size() - hit - miss, std::memory_order_relaxed);
+  get_bytes_.fetch_add(hit * block_bytes_, std::memory_order_relaxed);
+  get_latency_.Record(NowNs() - t0);
+  return Status::Ok();
+}
+
+Status Tier::Exists(std::span<const BlockKey> keys, std::span<bool> out) {
+  if (keys.size() != out.size())
+    return Status::InvalidArgument("Exists: " + std::to_string(keys.size()) + " keys but " +
+                                   std::to_string(out.size()) + " results");
+  return ExistsImpl(keys, out);
+}
+
+Status Tier::Erase(std::span<const BlockKey> keys) {
+  Status s = EraseImpl(keys);
+  if (s.ok()) erases_.fetch_add(keys.size(), std::memory_order_relaxed);
+  return s;
+}
+
+TierStats Tier::stats() const {
+  TierStats s;
+  s.puts = puts_.load(std::memory_order_relaxed);
+  s.put_bytes = put_bytes_.load(std::memory_order_relaxed);
+  s.put_failures = put_failures_.load(std::memory_order_relaxed);
+  s.gets = gets_.load(std::memory_order_relaxed);
+  s.hits = hits_.load(std::memory_order_relaxed);
+  s.misses = misses_.load(std::memory_order_relaxed);
+  s.get_failures = get_failures_.load(std::memory_order_relaxed);
+  s.get_bytes = get_bytes_.load(std::memory_order_relaxed);
+  s.erases = erases_.load(std::memory_order_relaxed);
+  s.used_bytes = used_bytes();
+  s.capacity_bytes = capacity_bytes_;
+  s.put_latency_ns = put_latency_.Take();
+  s.get_latency_ns = get_latency_.Take();
+  return s;
+}
+
+void Tier::SetRemovalListener(RemovalListener listener) {
+  std::lock_guard<std::mutex> lock(listener_mu_);
+  listener_ = std::move(listener);
+}
+
+void Tier::NotifyRemoved(std::span<const BlockKey> keys) {
+  RemovalListener listener;
+  {
+    std::lock_guard<std::mutex> lock(listener_mu_);
+    listener = listener_;
+  }
+  if (listener && !keys.empty()) listener(keys);
+}
+
+}  // namespace kvtier
