@@ -211,9 +211,9 @@ uint16_t FloatToHalf(float f) {
   if (abs < 0x38800000u) {  // subnormal or zero in half
     if (abs < 0x33000000u) return sign;
     const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const int shift = 126 - static_cast<int>(abs >> 23);
-    const uint32_t half = mant >> (shift + 1);
-    const uint32_t rem = mant & ((1u << (shift + 1)) - 1), mid = 1u << shift;
+    const int shift = 126 - static_cast<int>(abs >> 23);  // 14..24: value / 2^-24
+    const uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
     return sign | static_cast<uint16_t>(half + (rem > mid || (rem == mid && (half & 1))));
   }
   const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1);  // round to nearest even

@@ -37,7 +37,7 @@ void RmsNorm(const float* x, uint32_t n, uint32_t d, const std::vector<float>& w
 void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 int BlasThreads() { return openblas_get_num_threads(); }
 
-Model::Model(ModelConfig config, Weights weights)
+Model::Model(ModelConfig config, std::shared_ptr<const Weights> weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
   const uint32_t hd = config_.head_dim();
   inv_freq_.resize(hd / 2);
@@ -47,9 +47,10 @@ Model::Model(ModelConfig config, Weights weights)
   }
 }
 
-Result<Model> Model::Create(ModelConfig config, Weights weights) {
+Result<Model> Model::Create(ModelConfig config, std::shared_ptr<const Weights> weights) {
   KVTIER_RETURN_IF_ERROR(config.Validate());
-  KVTIER_RETURN_IF_ERROR(weights.CheckShapes(config));
+  if (weights == nullptr) return Status::InvalidArgument("model: no weights");
+  KVTIER_RETURN_IF_ERROR(weights->CheckShapes(config));
   return Model(std::move(config), std::move(weights));
 }
 
@@ -95,7 +96,7 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
   gate_.resize(size_t{n} * f);
   up_.resize(size_t{n} * f);
   for (uint32_t t = 0; t < n; ++t) {
-    std::memcpy(&x_[size_t{t} * d], &weights_.embedding[size_t{tokens[t]} * d], d * sizeof(float));
+    std::memcpy(&x_[size_t{t} * d], &weights_->embedding[size_t{tokens[t]} * d], d * sizeof(float));
   }
 
   // RoPE (adjacent pairs, the GGUF "llama" convention) for the chunk's positions.
@@ -125,7 +126,7 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
   const BlockId cur = table[pos / bt];
   const uint32_t off = pos % bt;
   for (uint32_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_.layers[l];
+    const LayerWeights& w = weights_->layers[l];
     RmsNorm(x_.data(), n, d, w.attn_norm, c.norm_eps, h_.data());
     Linear(h_.data(), n, d, w.wq, qdim, q_.data(), qdim);
     float* k_rows = pool->K(cur, l) + size_t{off} * kvdim;
@@ -150,10 +151,10 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
   }
 
   if (logits != nullptr) {
-    RmsNorm(&x_[size_t{n - 1} * d], 1, d, weights_.final_norm, c.norm_eps, h_.data());
+    RmsNorm(&x_[size_t{n - 1} * d], 1, d, weights_->final_norm, c.norm_eps, h_.data());
     logits->resize(c.vocab_size);
     cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(c.vocab_size), static_cast<int>(d),
-                1.0f, weights_.output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
+                1.0f, weights_->output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
                 logits->data(), 1);
   }
   return Status::Ok();

@@ -15,6 +15,7 @@
 #define KVTIER_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,10 +34,12 @@ int BlasThreads();
 class Model {
  public:
   // InvalidArgument when the config is bad or the weights do not fit it.
-  static Result<Model> Create(ModelConfig config, Weights weights);
+  // The weights are shared (read-only) between models, e.g. an engine and its reference.
+  static Result<Model> Create(ModelConfig config, std::shared_ptr<const Weights> weights);
 
   const ModelConfig& config() const { return config_; }
-  const Weights& weights() const { return weights_; }
+  const Weights& weights() const { return *weights_; }
+  std::shared_ptr<const Weights> shared_weights() const { return weights_; }
 
   // Runs tokens at positions [pos, pos + tokens.size()) through every layer, writing their K
   // and V into pool blocks table[pos / bt] and reading earlier positions' KV from
@@ -47,12 +50,12 @@ class Model {
                       KvPool* pool, std::vector<float>* logits);
 
  private:
-  Model(ModelConfig config, Weights weights);
+  Model(ModelConfig config, std::shared_ptr<const Weights> weights);
   void Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const BlockId> table,
                  KvPool* pool);
 
   ModelConfig config_;
-  Weights weights_;
+  std::shared_ptr<const Weights> weights_;
   std::vector<float> inv_freq_;  // RoPE: theta^(-2i/head_dim)
   // Scratch, resized on demand.
   std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_;
