@@ -32,6 +32,50 @@ void RmsNorm(const float* x, uint32_t n, uint32_t d, const std::vector<float>& w
   }
 }
 
+// e^x for x <= 0 (softmax after subtracting the row max), within ~2 ulp. Branch-free so the
+// loops below vectorize; the same code runs in every forward pass, so results stay bit-exact.
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float t = x * 1.44269504088896341f;         // x / ln 2
+  const float k = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+  const float f = t - k;                            // [-0.5, 0.5]
+  float p = 1.540353039e-4f;                        // 2^f: Taylor series of e^(f ln 2)
+  p = p * f + 1.333355815e-3f;
+  p = p * f + 9.618129108e-3f;
+  p = p * f + 5.550410866e-2f;
+  p = p * f + 2.402265070e-1f;
+  p = p * f + 6.931471806e-1f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k, k in [-126, 0]
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// row[0, valid) <- softmax(row[0, valid)); row[valid, ctx) <- 0. Reductions use 8 fixed lanes
+// (a fixed order, so the same inputs always give the same bits).
+void SoftmaxRow(float* row, uint32_t valid, uint32_t ctx) {
+  float mx8[8];
+  for (int j = 0; j < 8; ++j) mx8[j] = -std::numeric_limits<float>::infinity();
+  uint32_t i = 0;
+  for (; i + 8 <= valid; i += 8) {
+    for (int j = 0; j < 8; ++j) mx8[j] = row[i + j] > mx8[j] ? row[i + j] : mx8[j];
+  }
+  float mx = mx8[0];
+  for (int j = 1; j < 8; ++j) mx = mx8[j] > mx ? mx8[j] : mx;
+  for (; i < valid; ++i) mx = row[i] > mx ? row[i] : mx;
+  for (i = 0; i < valid; ++i) row[i] = ExpNonPositive(row[i] - mx);
+  float s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (i = 0; i + 8 <= valid; i += 8) {
+    for (int j = 0; j < 8; ++j) s8[j] += row[i + j];
+  }
+  float sum = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
+  for (; i < valid; ++i) sum += row[i];
+  const float inv = 1.0f / sum;
+  for (i = 0; i < valid; ++i) row[i] *= inv;
+  for (i = valid; i < ctx; ++i) row[i] = 0.0f;
+}
+
 }  // namespace
 
 void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
@@ -191,18 +235,7 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
                   0.0f, &scores_[size_t{j} * bt], static_cast<int>(ctx));
     }
     for (uint32_t r = 0; r < m; ++r) {
-      float* row = &scores_[size_t{r} * ctx];
-      const uint32_t valid = pos + (r % n) + 1;  // causal: keys [0, p]
-      float mx = -std::numeric_limits<float>::infinity();
-      for (uint32_t i = 0; i < valid; ++i) mx = std::max(mx, row[i]);
-      float sum = 0.0f;
-      for (uint32_t i = 0; i < valid; ++i) {
-        row[i] = std::exp(row[i] - mx);
-        sum += row[i];
-      }
-      const float inv = 1.0f / sum;
-      for (uint32_t i = 0; i < valid; ++i) row[i] *= inv;
-      for (uint32_t i = valid; i < ctx; ++i) row[i] = 0.0f;
+      SoftmaxRow(&scores_[size_t{r} * ctx], pos + (r % n) + 1, ctx);  // causal: keys [0, p]
     }
     for (uint32_t j = 0; j < nblk; ++j) {
       const uint32_t cols = std::min(bt, ctx - j * bt);
