@@ -63,6 +63,7 @@ class PinSet {
 
 class BlockIndex {
  public:
+  // num_shards is rounded up to a power of two (at most 1024).
   explicit BlockIndex(int num_shards = 64);
   ~BlockIndex();
   BlockIndex(const BlockIndex&) = delete;

@@ -470,9 +470,33 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
   if (st.caps.managed_by_cache) fit = MakeRoom(st, todo.size(), events);
   // todo is in last-to-first order; keep the head of the chain when room is short.
   std::reverse(todo.begin(), todo.end());
-  for (size_t j = fit; j < todo.size(); ++j)
-    results[todo[j]] =
-        Status::ResourceExhausted("tier '" + st.tier->name() + "': full and every block is pinned");
+  if (fit < todo.size()) {
+    TierState* below = options_.write_mode == WriteMode::kWriteBack &&
+                               st.index + 1 < static_cast<int>(tiers_.size())
+                           ? tiers_[st.index + 1].get()
+                           : nullptr;
+    if (below) {
+      // Write-back: what cannot stay here would be a victim at once; it goes down directly.
+      std::vector<BlockKey> ok;
+      std::vector<ConstBlock> ob;
+      std::vector<uint64_t> oc;
+      for (size_t j = fit; j < todo.size(); ++j) {
+        ok.push_back(keys[todo[j]]);
+        ob.push_back(blocks[todo[j]]);
+        oc.push_back(checksums[todo[j]]);
+      }
+      std::vector<Status> os(ok.size());
+      uint32_t moved = 0;
+      StoreToTier(*below, ok, ob, oc, prefix_tokens, os, &moved, events);
+      st.writebacks.fetch_add(moved, std::memory_order_relaxed);
+      for (size_t j = fit; j < todo.size(); ++j) results[todo[j]] = os[j - fit];
+    } else {
+      for (size_t j = fit; j < todo.size(); ++j)
+        results[todo[j]] = Status::ResourceExhausted("tier '" + st.tier->name() + "': no room (" +
+                                                     std::to_string(st.tier->capacity_blocks()) +
+                                                     " blocks, the rest pinned)");
+    }
+  }
   todo.resize(fit);
   if (todo.empty()) return;
   std::vector<BlockKey> pk;

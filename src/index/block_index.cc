@@ -29,15 +29,22 @@ struct BlockIndex::Shard {
   FlatKeyMap<IndexEntry> map KVTIER_GUARDED_BY(mu);
 };
 
+namespace {
+int RoundShards(int n) {
+  int p = 1;
+  while (p < n && p < 1024) p *= 2;
+  return p;
+}
+}  // namespace
+
 BlockIndex::BlockIndex(int num_shards)
-    : shards_(new Shard[std::clamp(num_shards, 1, 1024)]),
-      num_shards_(std::clamp(num_shards, 1, 1024)) {}
+    : shards_(new Shard[RoundShards(num_shards)]), num_shards_(RoundShards(num_shards)) {}
 
 BlockIndex::~BlockIndex() = default;
 
 BlockIndex::Shard& BlockIndex::ShardOf(const BlockKey& key) const {
   // hi bits pick the shard; the map hashes lo mostly, so the two stay independent.
-  return shards_[(key.hi >> 32) % static_cast<uint64_t>(num_shards_)];
+  return shards_[(key.hi >> 32) & static_cast<uint64_t>(num_shards_ - 1)];
 }
 
 void BlockIndex::AddTier(const BlockKey& key, int tier, uint32_t size, uint64_t checksum) {

@@ -3,15 +3,18 @@
 
 #include "command.h"
 
+namespace {
+#ifdef KVTIER_HAVE_CUDA
+constexpr const char* kCuda = "yes";
+#else
+constexpr const char* kCuda = "no";
+#endif
+}  // namespace
+
 KVTIER_REGISTER_COMMAND(version, ({"version"}), "Print the version and build features",
                         [](CLI::App*) -> kvtier::cli::RunFn {
                           return [] {
-#ifdef KVTIER_HAVE_CUDA
-                            const char* cuda = "yes";
-#else
-                            const char* cuda = "no";
-#endif
-                            std::printf("kvtier %s (cuda: %s)\n", KVTIER_VERSION, cuda);
+                            std::printf("kvtier %s (cuda: %s)\n", KVTIER_VERSION, kCuda);
                             return 0;
                           };
                         });

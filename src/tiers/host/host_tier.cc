@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -63,8 +64,11 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
       tier->pinned_ = true;
     } else {
       (void)cudaGetLastError();
-      spdlog::info("{}: arena not pinned ({}); copies to a GPU will be staged", options.name,
-                   cudaGetErrorString(err));
+      static std::once_flag once;  // one line per process, not one per tier
+      std::call_once(once, [&] {
+        spdlog::info("host arenas are not pinned ({}); copies to a GPU will be staged",
+                     cudaGetErrorString(err));
+      });
     }
   }
 #endif

@@ -1,0 +1,110 @@
+#include "testing/test_util.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "tiers/host/host_tier.h"
+
+namespace kvtier::testing {
+
+KvLayout SmallLayout(uint32_t block_tokens) {
+  KvLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 8;
+  l.dtype = DType::kFp32;
+  l.block_tokens = block_tokens;
+  return l;
+}
+
+void FillBlock(std::span<std::byte> block, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < block.size(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    block[i] = static_cast<std::byte>(x);
+  }
+}
+
+std::vector<std::byte> MakeBlock(size_t bytes, uint64_t seed) {
+  std::vector<std::byte> b(bytes);
+  FillBlock(b, seed);
+  return b;
+}
+
+std::vector<TokenId> Tokens(size_t n, uint32_t base) {
+  std::vector<TokenId> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = base + static_cast<TokenId>(i);
+  return t;
+}
+
+TempDir::TempDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-test-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) std::abort();
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::shared_ptr<FaultyTier> FaultyTier::Make(const KvLayout& layout, uint64_t capacity_bytes,
+                                             std::string name, bool verify_on_load) {
+  HostTierOptions o;
+  o.name = name + "-inner";
+  o.capacity_bytes = capacity_bytes;
+  o.pin = false;
+  auto inner = HostTier::Open(layout, o);
+  if (!inner.ok()) std::abort();
+  return std::shared_ptr<FaultyTier>(new FaultyTier(layout, capacity_bytes, std::move(name),
+                                                    std::move(inner).value(), verify_on_load));
+}
+
+FaultyTier::FaultyTier(const KvLayout& layout, uint64_t capacity, std::string name,
+                       std::unique_ptr<Tier> inner, bool verify_on_load)
+    : Tier(std::move(name), TierKind::kDisk, layout, capacity),
+      inner_(std::move(inner)),
+      verify_on_load_(verify_on_load) {}
+
+void FaultyTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                         std::span<Status> results) {
+  if (fail_writes) {
+    for (auto& r : results) r = Status::Unavailable(name() + ": injected write failure");
+    return;
+  }
+  (void)inner_->Put(keys, blocks, results);
+}
+
+void FaultyTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+                         std::span<Status> results) {
+  gets += static_cast<int>(keys.size());
+  if (fail_reads) {
+    for (auto& r : results) r = Status::Unavailable(name() + ": injected read failure");
+    return;
+  }
+  (void)inner_->Get(keys, out, results);
+  if (corrupt_reads) {
+    for (size_t i = 0; i < out.size(); ++i)
+      if (results[i].ok()) out[i][out[i].size() / 2] ^= std::byte{0x40};
+  }
+}
+
+Status FaultyTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
+  return inner_->Exists(keys, out);
+}
+Status FaultyTier::EraseImpl(std::span<const BlockKey> keys) { return inner_->Erase(keys); }
+uint64_t FaultyTier::UsedBytesImpl() const { return inner_->used_bytes(); }
+TierCapabilities FaultyTier::CapabilitiesImpl() const {
+  TierCapabilities c;
+  c.verify_on_load = verify_on_load_;
+  return c;
+}
+
+}  // namespace kvtier::testing

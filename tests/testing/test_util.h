@@ -1,0 +1,68 @@
+// Test helpers: layouts, deterministic block contents, a temp directory, and FaultyTier, a
+// fake that wraps a real HostTier and injects faults (leveldb's fault-injecting Env idea).
+#ifndef KVTIER_TESTS_TESTING_TEST_UTIL_H_
+#define KVTIER_TESTS_TESTING_TEST_UTIL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "kvtier/layout.h"
+#include "kvtier/tier.h"
+
+namespace kvtier::testing {
+
+// A small layout (2 layers x 2 heads x 8 dims fp32, 4 tokens/block = 512 B/block).
+KvLayout SmallLayout(uint32_t block_tokens = 4);
+
+// Fills a block with bytes derived from (seed, index): equal inputs give equal bytes.
+void FillBlock(std::span<std::byte> block, uint64_t seed);
+std::vector<std::byte> MakeBlock(size_t bytes, uint64_t seed);
+
+// Tokens 0..n-1 offset by `base`, so different bases give different prefixes.
+std::vector<TokenId> Tokens(size_t n, uint32_t base = 0);
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Wraps a HostTier. Faults are switched on by the test between calls.
+class FaultyTier final : public Tier {
+ public:
+  static std::shared_ptr<FaultyTier> Make(const KvLayout& layout, uint64_t capacity_bytes,
+                                          std::string name = "faulty", bool verify_on_load = true);
+  std::atomic<bool> corrupt_reads{false};  // flip a byte in every block read (no error)
+  std::atomic<bool> fail_reads{false};     // every Get is Unavailable
+  std::atomic<bool> fail_writes{false};    // every Put is Unavailable
+  std::atomic<int> gets{0};
+
+ protected:
+  void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+               std::span<Status> results) override;
+  void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+               std::span<Status> results) override;
+  Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
+  Status EraseImpl(std::span<const BlockKey> keys) override;
+  uint64_t UsedBytesImpl() const override;
+  TierCapabilities CapabilitiesImpl() const override;
+
+ private:
+  FaultyTier(const KvLayout& layout, uint64_t capacity, std::string name,
+             std::unique_ptr<Tier> inner, bool verify_on_load);
+  std::unique_ptr<Tier> inner_;
+  bool verify_on_load_;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_TESTING_TEST_UTIL_H_

@@ -1,0 +1,213 @@
+#include "tiers/host/host_tier.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "testing/test_util.h"
+#include "tiers/metadata/metadata_tier.h"
+
+namespace kvtier {
+namespace {
+
+using testing::MakeBlock;
+using testing::SmallLayout;
+
+std::unique_ptr<HostTier> Open(uint64_t blocks, int threads = 1) {
+  HostTierOptions o;
+  o.capacity_bytes = blocks * SmallLayout().bytes_per_block();
+  o.threads = threads;
+  auto t = HostTier::Open(SmallLayout(), o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::move(t).value();
+}
+
+TEST(HostTierTest, PutGetRoundTripsBytes) {
+  for (int threads : {1, 2, 4}) {
+    auto tier = Open(64, threads);
+    const size_t bb = tier->block_bytes();
+    std::vector<std::vector<std::byte>> data;
+    std::vector<BlockKey> keys;
+    std::vector<ConstBlock> in;
+    for (int i = 0; i < 40; ++i) {
+      data.push_back(MakeBlock(bb, i));
+      keys.push_back(BlockKey{1, uint64_t(i)});
+    }
+    for (auto& d : data) in.emplace_back(d);
+    std::vector<Status> res(40);
+    ASSERT_TRUE(tier->Put(keys, in, res).ok());
+    for (auto& s : res) ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(tier->used_bytes(), 40 * bb);
+
+    std::vector<std::vector<std::byte>> out(40, std::vector<std::byte>(bb));
+    std::vector<MutableBlock> outs;
+    for (auto& o : out) outs.emplace_back(o);
+    ASSERT_TRUE(tier->Get(keys, outs, res).ok());
+    for (int i = 0; i < 40; ++i) {
+      ASSERT_TRUE(res[i].ok());
+      EXPECT_EQ(out[i], data[i]) << "block " << i << " threads " << threads;
+    }
+    TierStats st = tier->stats();
+    EXPECT_EQ(st.puts, 40u);
+    EXPECT_EQ(st.hits, 40u);
+    EXPECT_EQ(st.get_bytes, 40 * bb);
+  }
+}
+
+TEST(HostTierTest, LargeBatchSplitAcrossThreadsIsExact) {
+  // Big enough to cross the parallel threshold, with blocks split mid-way between threads.
+  KvLayout l = SmallLayout(300);  // 153,600-byte blocks: not a multiple of 4 KiB
+  HostTierOptions o;
+  o.capacity_bytes = 20 * l.bytes_per_block();
+  o.threads = 3;
+  auto tier = std::move(HostTier::Open(l, o)).value();
+  std::vector<std::vector<std::byte>> data, out;
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> in;
+  std::vector<MutableBlock> outs;
+  for (int i = 0; i < 20; ++i) {
+    data.push_back(MakeBlock(l.bytes_per_block(), 100 + i));
+    out.emplace_back(l.bytes_per_block());
+    keys.push_back(BlockKey{2, uint64_t(i)});
+  }
+  for (int i = 0; i < 20; ++i) {
+    in.emplace_back(data[i]);
+    outs.emplace_back(out[i]);
+  }
+  std::vector<Status> res(20);
+  ASSERT_TRUE(tier->Put(keys, in, res).ok());
+  ASSERT_TRUE(tier->Get(keys, outs, res).ok());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(out[i], data[i]) << i;
+}
+
+TEST(HostTierTest, CapacityIsNeverExceeded) {
+  auto tier = Open(4);
+  auto b = MakeBlock(tier->block_bytes(), 1);
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> in;
+  for (int i = 0; i < 6; ++i) {
+    keys.push_back(BlockKey{0, uint64_t(i)});
+    in.emplace_back(b);
+  }
+  std::vector<Status> res(6);
+  ASSERT_TRUE(tier->Put(keys, in, res).ok());
+  int ok = 0;
+  for (auto& s : res) {
+    if (s.ok())
+      ++ok;
+    else
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ(ok, 4);
+  EXPECT_EQ(tier->used_bytes(), tier->capacity_bytes());
+  ASSERT_TRUE(tier->Erase(std::span<const BlockKey>(keys).subspan(0, 1)).ok());
+  std::vector<Status> one(1);
+  ASSERT_TRUE(tier->Put(std::span<const BlockKey>(keys).subspan(5, 1),
+                        std::span<const ConstBlock>(in).subspan(0, 1), one)
+                  .ok());
+  EXPECT_TRUE(one[0].ok());
+}
+
+TEST(HostTierTest, OverwriteReplacesContent) {
+  auto tier = Open(2);
+  auto a = MakeBlock(tier->block_bytes(), 1), b = MakeBlock(tier->block_bytes(), 2);
+  BlockKey k[1] = {BlockKey{9, 9}};
+  Status s[1];
+  ConstBlock in[1] = {a};
+  ASSERT_TRUE(tier->Put(k, in, s).ok());
+  in[0] = b;
+  ASSERT_TRUE(tier->Put(k, in, s).ok());
+  ASSERT_TRUE(s[0].ok());
+  std::vector<std::byte> out(tier->block_bytes());
+  MutableBlock o[1] = {out};
+  ASSERT_TRUE(tier->Get(k, o, s).ok());
+  EXPECT_EQ(out, b);
+  EXPECT_EQ(tier->used_bytes(), tier->block_bytes());
+}
+
+TEST(HostTierTest, BadInputIsInvalidArgument) {
+  HostTierOptions o;
+  o.capacity_bytes = 10;  // less than a block
+  auto t = HostTier::Open(SmallLayout(), o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("capacity"), std::string::npos);
+  o.capacity_bytes = 1 << 20;
+  o.threads = 0;
+  EXPECT_NE(HostTier::Open(SmallLayout(), o).status().message().find("threads"), std::string::npos);
+
+  auto tier = Open(4);
+  std::vector<std::byte> small(10);
+  BlockKey k[1] = {BlockKey{1, 1}};
+  ConstBlock in[1] = {small};
+  Status s[1];
+  ASSERT_TRUE(tier->Put(k, in, s).ok());
+  EXPECT_EQ(s[0].code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s[0].message().find("10 bytes"), std::string::npos);
+  Status two[2];
+  EXPECT_EQ(tier->Put(k, in, two).code(), StatusCode::kInvalidArgument);  // count mismatch
+  MutableBlock out[1] = {small};
+  ASSERT_TRUE(tier->Get(k, out, s).ok());
+  EXPECT_EQ(s[0].code(), StatusCode::kInvalidArgument);
+}
+
+TEST(HostTierTest, MissIsNotFound) {
+  auto tier = Open(4);
+  std::vector<std::byte> out(tier->block_bytes());
+  BlockKey k[1] = {BlockKey{5, 5}};
+  MutableBlock o[1] = {out};
+  Status s[1];
+  ASSERT_TRUE(tier->Get(k, o, s).ok());
+  EXPECT_TRUE(s[0].IsNotFound());
+  bool e[1];
+  ASSERT_TRUE(tier->Exists(k, e).ok());
+  EXPECT_FALSE(e[0]);
+}
+
+TEST(HostTierTest, ConcurrentReadersNeverSeeTornBlocks) {
+  auto tier = Open(16, 2);
+  const size_t bb = tier->block_bytes();
+  std::atomic<bool> stop{false};
+  // Writer keeps overwriting key k with blocks whose every byte equals a version number.
+  std::thread writer([&] {
+    std::vector<std::byte> b(bb);
+    BlockKey k[1] = {BlockKey{3, 3}};
+    Status s[1];
+    for (int v = 0; v < 3000; ++v) {
+      std::memset(b.data(), v & 0xff, bb);
+      ConstBlock in[1] = {b};
+      (void)tier->Put(k, in, s);
+    }
+    stop = true;
+  });
+  std::vector<std::byte> out(bb);
+  BlockKey k[1] = {BlockKey{3, 3}};
+  MutableBlock o[1] = {out};
+  Status s[1];
+  while (!stop) {
+    ASSERT_TRUE(tier->Get(k, o, s).ok());
+    if (!s[0].ok()) continue;
+    for (size_t i = 1; i < bb; ++i) ASSERT_EQ(out[i], out[0]) << "torn read at byte " << i;
+  }
+  writer.join();
+}
+
+TEST(MetadataTierTest, TracksResidencyWithoutBytes) {
+  auto t = std::move(MetadataTier::Open(SmallLayout(), "meta", 2 * SmallLayout().bytes_per_block()))
+               .value();
+  EXPECT_FALSE(t->capabilities().stores_bytes);
+  BlockKey k[3] = {{0, 1}, {0, 2}, {0, 3}};
+  ConstBlock none[3];
+  Status s[3];
+  ASSERT_TRUE(t->Put(k, none, s).ok());
+  EXPECT_TRUE(s[0].ok());
+  EXPECT_TRUE(s[1].ok());
+  EXPECT_EQ(s[2].code(), StatusCode::kResourceExhausted);
+  bool e[3];
+  ASSERT_TRUE(t->Exists(k, e).ok());
+  EXPECT_TRUE(e[0] && e[1] && !e[2]);
+}
+
+}  // namespace
+}  // namespace kvtier

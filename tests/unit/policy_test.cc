@@ -1,0 +1,175 @@
+#include "kvtier/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <set>
+
+#include "common/flat_map.h"
+
+namespace kvtier {
+namespace {
+
+BlockKey K(uint64_t i) { return BlockKey{0, i}; }
+auto All() {
+  return [](const BlockKey&) { return true; };
+}
+
+std::unique_ptr<EvictionPolicy> Make(const std::string& name, uint64_t cap) {
+  auto p = MakeEvictionPolicy(name, cap);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return std::move(p).value();
+}
+
+TEST(PolicyTest, UnknownNameListsKnownOnes) {
+  auto p = MakeEvictionPolicy("mru", 10);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("lru"), std::string::npos);
+  EXPECT_NE(p.status().message().find("s3fifo"), std::string::npos);
+}
+
+TEST(PolicyTest, LruEvictsLeastRecent) {
+  auto p = Make("lru", 3);
+  for (int i = 1; i <= 3; ++i) p->OnInsert(K(i), {});
+  p->OnAccess(K(1), {});
+  EXPECT_EQ(p->PickVictim(All()), K(2));
+  EXPECT_EQ(p->PickVictim(All()), K(3));
+  EXPECT_EQ(p->PickVictim(All()), K(1));
+  EXPECT_FALSE(p->PickVictim(All()).has_value());
+}
+
+TEST(PolicyTest, PinnedBlocksAreSkippedAndKeepTheirPlace) {
+  for (const char* name : {"lru", "s3fifo", "arc"}) {
+    auto p = Make(name, 4);
+    for (int i = 1; i <= 4; ++i) p->OnInsert(K(i), {});
+    std::set<uint64_t> pinned = {1, 2, 3};
+    auto evictable = [&](const BlockKey& k) { return !pinned.count(k.lo); };
+    EXPECT_EQ(p->PickVictim(evictable), K(4)) << name;
+    EXPECT_FALSE(p->PickVictim(evictable).has_value()) << name;
+    EXPECT_EQ(p->size(), 3u) << name;
+    pinned.clear();
+    EXPECT_TRUE(p->PickVictim(evictable).has_value()) << name;
+  }
+}
+
+TEST(PolicyTest, EraseForgetsTheKey) {
+  for (const char* name : {"lru", "s3fifo", "arc"}) {
+    auto p = Make(name, 4);
+    p->OnInsert(K(1), {});
+    p->OnInsert(K(2), {});
+    p->OnErase(K(1));
+    EXPECT_EQ(p->size(), 1u) << name;
+    EXPECT_EQ(p->PickVictim(All()), K(2)) << name;
+    EXPECT_EQ(p->size(), 0u) << name;
+  }
+}
+
+// S3-FIFO: a one-hit wonder leaves through the small queue before a re-used block.
+TEST(PolicyTest, S3FifoProtectsReusedBlocksFromScans) {
+  auto p = Make("s3fifo", 10);
+  p->OnInsert(K(1), {});
+  p->OnAccess(K(1), {});  // re-used on probation
+  for (int i = 2; i <= 10; ++i) p->OnInsert(K(i), {});
+  std::set<uint64_t> victims;
+  for (int i = 0; i < 9; ++i) victims.insert(p->PickVictim(All())->lo);
+  EXPECT_FALSE(victims.count(1));
+  EXPECT_EQ(p->size(), 1u);
+}
+
+// S3-FIFO: a block evicted from the small queue and seen again enters main directly.
+TEST(PolicyTest, S3FifoGhostHitGoesToMain) {
+  auto p = Make("s3fifo", 10);
+  p->OnInsert(K(1), {});
+  EXPECT_EQ(p->PickVictim(All()), K(1));
+  p->OnInsert(K(1), {});  // ghost hit
+  for (int i = 2; i <= 5; ++i) p->OnInsert(K(i), {});
+  // Small holds 2..5 (over its 1-block target) so they go first; 1 sits in main.
+  for (int i = 2; i <= 5; ++i) EXPECT_NE(p->PickVictim(All()), K(1));
+  EXPECT_EQ(p->PickVictim(All()), K(1));
+}
+
+// ARC: frequency (T2) survives a scan of new blocks.
+TEST(PolicyTest, ArcKeepsFrequentBlocksThroughAScan) {
+  auto p = Make("arc", 4);
+  p->OnInsert(K(1), {});
+  p->OnAccess(K(1), {});  // T2
+  for (int i = 2; i <= 20; ++i) {
+    p->OnInsert(K(i), {});
+    while (p->size() > 4) ASSERT_NE(p->PickVictim(All()), K(1)) << i;
+  }
+}
+
+// A chain helps only while its head is resident. Requests reuse a prefix that grows by a
+// few blocks per turn over several sessions; the cache is too small for all of them. Touching
+// a request's blocks last-to-first (head most recent) keeps more usable prefix than
+// first-to-last, which ages the head before the tail and strands the tail.
+double ChainHitRate(bool tail_first) {
+  const uint64_t capacity = 60;
+  auto p = Make("lru", capacity);
+  FlatKeyMap<uint8_t> resident;
+  uint64_t hits = 0, total = 0;
+  const int sessions = 4;
+  std::vector<int> length(sessions, 8);
+  for (int turn = 0; turn < 12; ++turn) {
+    for (int s = 0; s < sessions; ++s) {
+      length[s] += 2;
+      std::vector<BlockKey> chain;
+      for (int b = 0; b < length[s]; ++b) chain.push_back(BlockKey{uint64_t(s) + 1, uint64_t(b)});
+      size_t prefix = 0;
+      while (prefix < chain.size() && resident.Contains(chain[prefix])) ++prefix;
+      hits += prefix;
+      total += chain.size();
+      auto touch = [&](const BlockKey& k) {
+        if (resident.Contains(k)) {
+          p->OnAccess(k, {});
+          return;
+        }
+        while (resident.size() >= capacity) resident.Erase(*p->PickVictim(All()));
+        resident.Insert(k, 1);
+        p->OnInsert(k, {});
+      };
+      if (tail_first)
+        for (size_t b = chain.size(); b-- > 0;) touch(chain[b]);
+      else
+        for (const BlockKey& k : chain) touch(k);
+    }
+  }
+  return double(hits) / total;
+}
+
+TEST(PolicyTest, TouchingTailFirstBeatsHeadFirstOnChains) {
+  const double head_first = ChainHitRate(false);
+  const double tail_first = ChainHitRate(true);
+  std::printf("chain hit rate: head-first LRU %.3f, tail-first LRU %.3f\n", head_first, tail_first);
+  EXPECT_GT(tail_first, head_first + 0.05);
+}
+
+TEST(AdmissionTest, Kinds) {
+  AdmissionPolicy always(AdmissionOptions{});
+  EXPECT_TRUE(always.Admit(K(1), 0));
+
+  AdmissionOptions min;
+  min.kind = AdmissionOptions::Kind::kMinPrefixTokens;
+  min.min_prefix_tokens = 1024;
+  AdmissionPolicy m(min);
+  EXPECT_FALSE(m.Admit(K(1), 512));
+  EXPECT_TRUE(m.Admit(K(1), 1024));
+
+  AdmissionOptions nh;
+  nh.kind = AdmissionOptions::Kind::kAfterNHits;
+  nh.hits = 3;
+  AdmissionPolicy n(nh);
+  EXPECT_FALSE(n.Admit(K(7), 0));
+  EXPECT_FALSE(n.Admit(K(7), 0));
+  EXPECT_TRUE(n.Admit(K(7), 0));
+  EXPECT_FALSE(n.Admit(K(8), 0));
+
+  AdmissionOptions bad = nh;
+  bad.hits = 0;
+  EXPECT_FALSE(bad.Validate().ok());
+  EXPECT_EQ(ParseAdmissionKind("after-n-hits"), AdmissionOptions::Kind::kAfterNHits);
+}
+
+}  // namespace
+}  // namespace kvtier
