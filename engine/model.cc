@@ -205,8 +205,7 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
 }
 
 // Causal GQA attention of the chunk's queries over KV blocks 0 .. pos / bt. The query heads of
-// one KV group are stacked (M = group * n rows) so each block costs one scores sgemm and one
-// accumulating P*V sgemm, read in place from the pool; shapes depend only on (pos, n).
+// one KV group are stacked (M = group * n rows); every shape depends only on (pos, n).
 void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const BlockId> table,
                       KvPool* pool) {
   const ModelConfig& c = config_;
@@ -219,6 +218,8 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
   qg_.resize(size_t{m} * hd);
   outg_.resize(size_t{m} * hd);
   scores_.resize(size_t{m} * ctx);
+  kc_.resize(size_t{ctx} * hd);
+  vc_.resize(size_t{ctx} * hd);
 
   for (uint32_t g = 0; g < c.num_kv_heads; ++g) {
     for (uint32_t gi = 0; gi < group; ++gi) {
@@ -227,23 +228,27 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
                     hd * sizeof(float));
       }
     }
+    // Gather this head's K and V rows [0, ctx) from the pool blocks (in block order) so that
+    // scores and P*V are one large sgemm each; their shapes depend only on (pos, n).
     for (uint32_t j = 0; j < nblk; ++j) {
-      const uint32_t cols = std::min(bt, ctx - j * bt);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                  static_cast<int>(cols), static_cast<int>(hd), scale, qg_.data(),
-                  static_cast<int>(hd), pool->K(table[j], layer) + g * hd, static_cast<int>(kvdim),
-                  0.0f, &scores_[size_t{j} * bt], static_cast<int>(ctx));
+      const uint32_t rows = std::min(bt, ctx - j * bt);
+      const float* kb = pool->K(table[j], layer) + g * hd;
+      const float* vb = pool->V(table[j], layer) + g * hd;
+      for (uint32_t t = 0; t < rows; ++t) {
+        std::memcpy(&kc_[(size_t{j} * bt + t) * hd], kb + size_t{t} * kvdim, hd * sizeof(float));
+        std::memcpy(&vc_[(size_t{j} * bt + t) * hd], vb + size_t{t} * kvdim, hd * sizeof(float));
+      }
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(ctx),
+                static_cast<int>(hd), scale, qg_.data(), static_cast<int>(hd), kc_.data(),
+                static_cast<int>(hd), 0.0f, scores_.data(), static_cast<int>(ctx));
     for (uint32_t r = 0; r < m; ++r) {
       SoftmaxRow(&scores_[size_t{r} * ctx], pos + (r % n) + 1, ctx);  // causal: keys [0, p]
     }
-    for (uint32_t j = 0; j < nblk; ++j) {
-      const uint32_t cols = std::min(bt, ctx - j * bt);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                  static_cast<int>(hd), static_cast<int>(cols), 1.0f, &scores_[size_t{j} * bt],
-                  static_cast<int>(ctx), pool->V(table[j], layer) + g * hd, static_cast<int>(kvdim),
-                  j == 0 ? 0.0f : 1.0f, outg_.data(), static_cast<int>(hd));
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(hd), static_cast<int>(ctx), 1.0f, scores_.data(),
+                static_cast<int>(ctx), vc_.data(), static_cast<int>(hd), 0.0f, outg_.data(),
+                static_cast<int>(hd));
     for (uint32_t gi = 0; gi < group; ++gi) {
       for (uint32_t t = 0; t < n; ++t) {
         std::memcpy(&attn_[size_t{t} * qdim + (g * group + gi) * hd],

@@ -4,10 +4,11 @@
 // block (pos / block_tokens == (pos + n - 1) / block_tokens). Prefill runs one chunk per block,
 // aligned to absolute block boundaries; decode runs chunks of one token. ForwardChunk is a
 // pure function of (the chunk's tokens, pos, n, the KV of earlier positions, the thread
-// count): every sgemm it issues has shapes fixed by (pos, n) alone, and attention walks the KV
-// blocks in order 0, 1, 2, ... with one sgemm per block for scores and one accumulating sgemm
-// per block for P*V. So a chunk computed after its prefix was loaded from a tier does exactly
-// the arithmetic it does in a full prefill, and its logits match bit for bit.
+// count): every sgemm it issues has shapes fixed by (pos, n) alone, and attention gathers the
+// K and V of positions [0, pos + n) from the blocks in order 0, 1, 2, ... and runs one scores
+// sgemm and one P*V sgemm over them per KV head. So a chunk computed after its prefix was loaded
+// from a tier does exactly the arithmetic it does in a full prefill, and its logits match bit for
+// bit.
 //
 // Thread-safety: none (scratch buffers are members); use one Model per thread. OpenBLAS's
 // thread count is process-global: SetBlasThreads() before any forward pass.
@@ -58,7 +59,7 @@ class Model {
   std::shared_ptr<const Weights> weights_;
   std::vector<float> inv_freq_;  // RoPE: theta^(-2i/head_dim)
   // Scratch, resized on demand.
-  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_;
+  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_;
 };
 
 }  // namespace kvtier::engine

@@ -220,7 +220,7 @@ KVTIER_REGISTER_COMMAND(
     "Load-from-host vs recompute TTFT for 16..16K-token prompts, planner regret",
     [](CLI::App* app) -> kvtier::cli::RunFn {
       auto f = std::make_shared<CrossoverFlags>();
-      f->engine.Add(app, 0);
+      f->engine.Add(app, 0, "1GiB");
       app->add_option("--min", f->min_tokens, "Shortest prompt")->capture_default_str();
       app->add_option("--max", f->max_tokens,
                       "Longest prompt (powers of two "

@@ -15,11 +15,12 @@ namespace kvtier::cli {
 
 struct EngineFlags {
   engine::EngineOptions options;
-  std::string host_capacity = "2GiB";
+  std::string host_capacity;
   std::string config;
 
-  void Add(CLI::App* app, uint64_t default_pool_blocks) {
+  void Add(CLI::App* app, uint64_t default_pool_blocks, std::string default_host = "512MiB") {
     options.pool_blocks = default_pool_blocks;
+    host_capacity = std::move(default_host);
     app->add_option("--model", options.model, "Engine preset: tiny or small")
         ->capture_default_str();
     app->add_option("--gguf", options.gguf, "Llama GGUF file (F32/F16) instead of a preset");
