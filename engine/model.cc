@@ -1,6 +1,9 @@
 #include "engine/model.h"
 
 #include <cblas.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -52,17 +55,19 @@ inline float ExpNonPositive(float x) {
   return p * scale;
 }
 
-// row[0, valid) <- softmax(row[0, valid)); row[valid, ctx) <- 0. Reductions use 8 fixed lanes
-// (a fixed order, so the same inputs always give the same bits).
-void SoftmaxRow(float* row, uint32_t valid, uint32_t ctx) {
-  float mx8[8];
-  for (int j = 0; j < 8; ++j) mx8[j] = -std::numeric_limits<float>::infinity();
+// row[0, valid) <- exp(row - max), row[valid, ctx) <- 0; returns 1 / sum (applied to the P*V
+// output rows instead of to every probability: one pass less). Reductions run in fixed lanes,
+// so the same inputs always give the same bits.
+float SoftmaxRowUnnormalized(float* row, uint32_t valid, uint32_t ctx) {
   uint32_t i = 0;
-  for (; i + 8 <= valid; i += 8) {
-    for (int j = 0; j < 8; ++j) mx8[j] = row[i + j] > mx8[j] ? row[i + j] : mx8[j];
-  }
-  float mx = mx8[0];
-  for (int j = 1; j < 8; ++j) mx = mx8[j] > mx ? mx8[j] : mx;
+  float mx = -std::numeric_limits<float>::infinity();
+#if defined(__SSE2__)
+  __m128 m4 = _mm_set1_ps(mx);
+  for (; i + 4 <= valid; i += 4) m4 = _mm_max_ps(m4, _mm_loadu_ps(row + i));
+  float lanes[4];
+  _mm_storeu_ps(lanes, m4);
+  mx = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+#endif
   for (; i < valid; ++i) mx = row[i] > mx ? row[i] : mx;
   for (i = 0; i < valid; ++i) row[i] = ExpNonPositive(row[i] - mx);
   float s8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -71,9 +76,8 @@ void SoftmaxRow(float* row, uint32_t valid, uint32_t ctx) {
   }
   float sum = ((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7]));
   for (; i < valid; ++i) sum += row[i];
-  const float inv = 1.0f / sum;
-  for (i = 0; i < valid; ++i) row[i] *= inv;
   for (i = valid; i < ctx; ++i) row[i] = 0.0f;
+  return 1.0f / sum;
 }
 
 }  // namespace
@@ -219,6 +223,7 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
   outg_.resize(size_t{m} * hd);
   scores_.resize(size_t{m} * ctx);
   kc_.resize(size_t{ctx} * hd);
+  inv_sum_.resize(m);
   vc_.resize(size_t{ctx} * hd);
 
   for (uint32_t g = 0; g < c.num_kv_heads; ++g) {
@@ -242,8 +247,8 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(ctx),
                 static_cast<int>(hd), scale, qg_.data(), static_cast<int>(hd), kc_.data(),
                 static_cast<int>(hd), 0.0f, scores_.data(), static_cast<int>(ctx));
-    for (uint32_t r = 0; r < m; ++r) {
-      SoftmaxRow(&scores_[size_t{r} * ctx], pos + (r % n) + 1, ctx);  // causal: keys [0, p]
+    for (uint32_t r = 0; r < m; ++r) {  // causal: row r (position pos + r % n) sees [0, p]
+      inv_sum_[r] = SoftmaxRowUnnormalized(&scores_[size_t{r} * ctx], pos + (r % n) + 1, ctx);
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
                 static_cast<int>(hd), static_cast<int>(ctx), 1.0f, scores_.data(),
@@ -251,8 +256,10 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
                 static_cast<int>(hd));
     for (uint32_t gi = 0; gi < group; ++gi) {
       for (uint32_t t = 0; t < n; ++t) {
-        std::memcpy(&attn_[size_t{t} * qdim + (g * group + gi) * hd],
-                    &outg_[(size_t{gi} * n + t) * hd], hd * sizeof(float));
+        const float inv = inv_sum_[size_t{gi} * n + t];
+        const float* src = &outg_[(size_t{gi} * n + t) * hd];
+        float* dst = &attn_[size_t{t} * qdim + (g * group + gi) * hd];
+        for (uint32_t e = 0; e < hd; ++e) dst[e] = src[e] * inv;
       }
     }
   }

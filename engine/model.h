@@ -59,7 +59,7 @@ class Model {
   std::shared_ptr<const Weights> weights_;
   std::vector<float> inv_freq_;  // RoPE: theta^(-2i/head_dim)
   // Scratch, resized on demand.
-  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_;
+  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_, inv_sum_;
 };
 
 }  // namespace kvtier::engine

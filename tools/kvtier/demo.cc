@@ -31,6 +31,7 @@ int RunDemo(const DemoFlags& f) {
     std::fprintf(stderr, "demo: %s\n", setup.status().ToString().c_str());
     return 1;
   }
+  if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
   engine::EngineOptions ref_opt = f.engine.options;
   ref_opt.pool_blocks = 4096 / ref_opt.block_tokens + 64;  // any single prompt fits
   Result<std::unique_ptr<engine::Engine>> reference =

@@ -34,7 +34,6 @@ struct CrossoverFlags {
   uint32_t min_tokens = 16;
   uint32_t max_tokens = 16384;
   int reps = 3;
-  std::string profile;
   std::string json;
 };
 
@@ -69,14 +68,14 @@ int RunCrossoverCommand(CrossoverFlags f) {
               e.config().ToString().c_str(), FormatBytes(e.layout().bytes_per_block()).c_str(), bt,
               engine::BlasCoreName().c_str(), f.engine.options.threads);
   CostProfile profile;
-  if (!f.profile.empty()) {
-    Result<CostProfile> p = LoadCostProfile(f.profile);
+  if (!f.engine.profile.empty()) {
+    Result<CostProfile> p = LoadCostProfile(f.engine.profile);
     if (!p.ok()) {
       std::fprintf(stderr, "crossover: %s\n", p.status().ToString().c_str());
       return 1;
     }
     profile = *p;
-    std::printf("planner profile: %s\n", f.profile.c_str());
+    std::printf("planner profile: %s\n", f.engine.profile.c_str());
   } else {
     std::printf("planner profile: calibrating first (no --profile given)...\n");
     engine::CalibrationOptions copt;
@@ -159,6 +158,7 @@ int RunWorkloadCommand(const RunFlags& f) {
     std::fprintf(stderr, "engine run: %s\n", setup.status().ToString().c_str());
     return 1;
   }
+  if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
   Result<std::unique_ptr<engine::Engine>> pool_only =
       engine::Engine::CreateSharing(*setup->engine, f.engine.options);
   if (!pool_only.ok()) {

@@ -10,6 +10,7 @@
 #include "engine/blas_setup.h"
 #include "engine/engine.h"
 #include "kvtier/layout.h"
+#include "kvtier/planner.h"
 
 namespace kvtier::cli {
 
@@ -17,6 +18,7 @@ struct EngineFlags {
   engine::EngineOptions options;
   std::string host_capacity;
   std::string config;
+  std::string profile;  // planner cost profile (kvtier calibrate --json)
 
   void Add(CLI::App* app, uint64_t default_pool_blocks, std::string default_host = "512MiB") {
     options.pool_blocks = default_pool_blocks;
@@ -40,6 +42,21 @@ struct EngineFlags {
                     "Cache YAML (tiers, write mode) instead of the embedded host tier");
     app->add_flag("--write-back", options.write_back,
                   "Store blocks when the pool evicts them instead of after prefill");
+    app->add_option("--profile", profile,
+                    "Planner cost profile from 'kvtier calibrate --json' (default: load every "
+                    "cached block)");
+  }
+
+  // Gives the engine a planner from --profile; false (after printing why) when it cannot.
+  bool ApplyProfile(engine::Engine* e) const {
+    if (profile.empty()) return true;
+    Result<CostProfile> p = LoadCostProfile(profile);
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
+      return false;
+    }
+    e->SetPlanner(std::make_shared<const Planner>(*p));
+    return true;
   }
 };
 
