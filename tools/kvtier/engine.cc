@@ -228,7 +228,6 @@ KVTIER_REGISTER_COMMAND(
           ->capture_default_str();
       app->add_option("--reps", f->reps, "Repetitions (median) for prompts up to 2048 tokens")
           ->capture_default_str();
-      app->add_option("--profile", f->profile, "Cost profile from 'kvtier calibrate --json'");
       app->add_option("--json", f->json, "Write the points as JSON");
       return [f] { return RunCrossoverCommand(*f); };
     });
