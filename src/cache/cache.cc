@@ -5,26 +5,21 @@
 #include <chrono>
 #include <set>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace kvtier {
 namespace {
 
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double NowS() { return static_cast<double>(NowNs()) * 1e-9; }
-
 std::string TierField(size_t i, const char* field) {
   return "tiers[" + std::to_string(i) + "]." + field;
 }
 
-// Per-thread scratch for victims moved down on write-back.
-std::vector<std::byte>& VictimBuffer(size_t bytes) {
-  thread_local std::vector<std::byte> buf;
+// Per-thread scratch for victims moved down on write-back, one per tier: moving a victim
+// down can evict from the tier below, recursively, and each level needs its own buffer.
+std::vector<std::byte>& VictimBuffer(int tier, size_t bytes) {
+  thread_local std::array<std::vector<std::byte>, kMaxTiers> bufs;
+  std::vector<std::byte>& buf = bufs[tier];
   if (buf.size() < bytes) buf.resize(bytes);
   return buf;
 }
@@ -190,7 +185,7 @@ class Cache::Impl {
 
 Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
                                              const RequestOptions& request) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   LookupResult r;
   r.block_tokens = options_.layout.block_tokens;
   r.keys.assign(keys.begin(), keys.end());
@@ -241,7 +236,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   // A hit refreshes recency: last to first, so a chain's head ends most recent.
   AccessHint hint;
   hint.session_id = request.session_id;
-  hint.now_s = NowS();
+  hint.now_s = MonotonicSeconds();
   for (auto& st : tiers_) {
     if (!st->caps.managed_by_cache) continue;
     const TierMask bit = TierMask{1} << st->index;
@@ -256,7 +251,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   lookups_.fetch_add(1, std::memory_order_relaxed);
   lookup_blocks_.fetch_add(keys.size(), std::memory_order_relaxed);
   hit_blocks_.fetch_add(hit, std::memory_order_relaxed);
-  lookup_latency_.Record(NowNs() - t0);
+  lookup_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
@@ -277,7 +272,7 @@ void Cache::Impl::DropBlock(TierState& st, const BlockKey& key) {
 
 Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
                                      std::span<const MutableBlock> dst) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (dst.size() > lookup.hit_blocks)
     return Status::InvalidArgument("Load: " + std::to_string(dst.size()) +
@@ -396,7 +391,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
     }
   }
   loads_.fetch_add(1, std::memory_order_relaxed);
-  load_latency_.Record(NowNs() - t0);
+  load_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
@@ -408,6 +403,9 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
   while (st.policy->size() + need > cap) {
     std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
     if (!victim) break;
+    // Read the entry first: removing the last tier drops it, checksum and all.
+    IndexEntry e;
+    const bool known = index_.Get(*victim, &e);
     if (!index_.TryRemoveUnpinned(*victim, st.index)) {
       // Pinned since the policy looked: it stays resident.
       st.policy->OnInsert(*victim, AccessHint{});
@@ -418,15 +416,14 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
     if (options_.write_mode == WriteMode::kWriteBack &&
         st.index + 1 < static_cast<int>(tiers_.size()) && st.caps.stores_bytes) {
       TierState& below = *tiers_[st.index + 1];
-      IndexEntry e;
-      const bool already = index_.Get(*victim, &e) && (e.tiers & (TierMask{1} << below.index));
+      const bool already = known && (e.tiers & (TierMask{1} << below.index));
       if (!already) {
-        std::vector<std::byte>& buf = VictimBuffer(block_bytes);
+        std::vector<std::byte>& buf = VictimBuffer(st.index, block_bytes);
         const MutableBlock b[1] = {MutableBlock(buf.data(), block_bytes)};
         Status s[1];
         if (st.tier->Get(k, b, s).ok() && s[0].ok()) {
           const ConstBlock cb[1] = {ConstBlock(buf.data(), block_bytes)};
-          const uint64_t cs[1] = {index_.Get(*victim, &e) ? e.checksum : 0};
+          const uint64_t cs[1] = {known ? e.checksum : 0};
           Status ws[1];
           uint32_t stored = 0;
           StoreToTier(below, k, cb, cs, 0, ws, &stored, events);
@@ -528,7 +525,7 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
 Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
                                            std::span<const ConstBlock> blocks, uint32_t first_block,
                                            const RequestOptions&) {
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (keys.size() != blocks.size())
     return Status::InvalidArgument("Store: " + std::to_string(keys.size()) + " keys but " +
@@ -579,12 +576,12 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
   }
   stores_.fetch_add(1, std::memory_order_relaxed);
   stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);
-  store_latency_.Record(NowNs() - t0);
+  store_latency_.Record(MonotonicNs() - t0);
   return r;
 }
 
 void Cache::Impl::NotifySession(uint64_t session_id, SessionEvent event) {
-  const double now = NowS();
+  const double now = MonotonicSeconds();
   for (auto& st : tiers_) {
     MutexLock lock(&st->mu);
     st->policy->OnSessionEvent(session_id, event, now);

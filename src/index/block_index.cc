@@ -8,8 +8,7 @@
 namespace kvtier {
 namespace {
 // Keys per chunk of Match: the shard locks are taken once per chunk.
-constexpr size_t kMatchChunk = 4096;
-constexpr int kPrefetchAhead = 8;
+constexpr size_t kMatchChunk = 16384;
 
 uint32_t AtomicAdd(uint32_t& v, int32_t delta) {
   return std::atomic_ref<uint32_t>(v).fetch_add(static_cast<uint32_t>(delta),
@@ -83,7 +82,10 @@ bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {
   ReaderLock lock(&s.mu);
   const IndexEntry* e = s.map.Find(key);
   if (!e) return false;
-  *entry = *e;
+  // Field by field: pins may be changing under another shared holder.
+  entry->tiers = e->tiers;
+  entry->size = e->size;
+  entry->checksum = e->checksum;
   entry->pins = AtomicLoad(e->pins);
   return true;
 }
@@ -100,41 +102,40 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
                            PinSet* pins) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
   result->tier_prefix.fill(0);
   result->any_prefix = 0;
-  result->masks.clear();
-  result->masks.reserve(chain.size());
+  result->masks.resize(chain.size());
+  TierMask* masks = result->masks.data();
+  const uint64_t shard_mask = static_cast<uint64_t>(num_shards_ - 1);
+  Shard* const shards = shards_.get();
+  auto shard_of = [&](const BlockKey& k) -> Shard& { return shards[(k.hi >> 32) & shard_mask]; };
   TierMask alive = (TierMask{1} << kMaxTiers) - 1;  // tiers whose prefix is unbroken
-  bool any_alive = true;
-  for (size_t base = 0; base < chain.size() && any_alive; base += kMatchChunk) {
+  size_t matched = 0;
+  bool miss = false;
+  for (size_t base = 0; base < chain.size() && !miss; base += kMatchChunk) {
     const size_t end = std::min(chain.size(), base + kMatchChunk);
-    for (int i = 0; i < num_shards_; ++i) shards_[i].mu.LockShared();
+    for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
     for (size_t i = base; i < end; ++i) {
-      if (i + kPrefetchAhead < end) {
-        const BlockKey& ahead = chain[i + kPrefetchAhead];
-        ShardOf(ahead).map.Prefetch(ahead);
-      }
-      IndexEntry* e = ShardOf(chain[i]).map.Find(chain[i]);
+      IndexEntry* e = shard_of(chain[i]).map.Find(chain[i]);
       const TierMask m = e ? e->tiers : 0;
       if (m == 0) {
-        any_alive = false;
+        miss = true;
         break;
       }
-      TierMask still = alive & m;
       for (TierMask broken = alive & ~m; broken; broken &= broken - 1)
         result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(i);
-      alive = still;
-      result->masks.push_back(m);
+      alive &= m;
+      masks[i] = m;
       if (pins) {
         AtomicAdd(e->pins, 1);
         pins->keys_.push_back(chain[i]);
       }
-      result->any_prefix = static_cast<uint32_t>(i + 1);
+      matched = i + 1;
     }
-    for (int i = num_shards_; i-- > 0;) shards_[i].mu.UnlockShared();
+    for (int i = num_shards_; i-- > 0;) shards[i].mu.UnlockShared();
   }
-  for (TierMask a = alive; a; a &= a - 1) {
-    int t = __builtin_ctz(a);
-    if (t < kMaxTiers) result->tier_prefix[t] = result->any_prefix;
-  }
+  result->any_prefix = static_cast<uint32_t>(matched);
+  result->masks.resize(matched);
+  for (TierMask a = alive; a; a &= a - 1)
+    result->tier_prefix[__builtin_ctz(a)] = result->any_prefix;
   if (pins) pins->index_ = const_cast<BlockIndex*>(this);
 }
 
@@ -144,6 +145,7 @@ void BlockIndex::Match(std::span<const BlockKey> chain, MatchResult* result) con
 
 void BlockIndex::MatchAndPin(std::span<const BlockKey> chain, MatchResult* result, PinSet* pins) {
   pins->Release();
+  pins->keys_.reserve(chain.size());
   MatchImpl(chain, result, pins);
 }
 

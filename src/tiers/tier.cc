@@ -1,15 +1,9 @@
 #include "kvtier/tier.h"
 
-#include <chrono>
+#include "common/clock.h"
 
 namespace kvtier {
 namespace {
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 Status CheckSizes(const char* op, size_t keys, size_t blocks, size_t results) {
   if (keys != blocks || keys != results)
     return Status::InvalidArgument(std::string(op) + ": " + std::to_string(keys) + " keys, " +
@@ -47,21 +41,21 @@ Tier::~Tier() = default;
 Status Tier::Put(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                  std::span<Status> results) {
   KVTIER_RETURN_IF_ERROR(CheckSizes("Put", keys.size(), blocks.size(), results.size()));
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   PutImpl(keys, blocks, results);
   uint64_t ok = 0;
   for (const Status& s : results) ok += s.ok();
   puts_.fetch_add(ok, std::memory_order_relaxed);
   put_bytes_.fetch_add(ok * block_bytes_, std::memory_order_relaxed);
   put_failures_.fetch_add(results.size() - ok, std::memory_order_relaxed);
-  put_latency_.Record(NowNs() - t0);
+  put_latency_.Record(MonotonicNs() - t0);
   return Status::Ok();
 }
 
 Status Tier::Get(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                  std::span<Status> results) {
   KVTIER_RETURN_IF_ERROR(CheckSizes("Get", keys.size(), out.size(), results.size()));
-  const uint64_t t0 = NowNs();
+  const uint64_t t0 = MonotonicNs();
   GetImpl(keys, out, results);
   uint64_t hit = 0, miss = 0;
   for (const Status& s : results) {
@@ -73,7 +67,7 @@ Status Tier::Get(std::span<const BlockKey> keys, std::span<const MutableBlock> o
   misses_.fetch_add(miss, std::memory_order_relaxed);
   get_failures_.fetch_add(results.size() - hit - miss, std::memory_order_relaxed);
   get_bytes_.fetch_add(hit * block_bytes_, std::memory_order_relaxed);
-  get_latency_.Record(NowNs() - t0);
+  get_latency_.Record(MonotonicNs() - t0);
   return Status::Ok();
 }
 

@@ -221,6 +221,26 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   EXPECT_EQ(stored1, 6 + 4 + 4);
 }
 
+// Regression: moving a victim down could evict from the tier below, and both levels shared
+// one scratch buffer, so the first victim was stored with the second victim's bytes.
+TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
+  auto cache = OpenCache({Host(2, "hbm"), Host(3, "dram"), Host(64, "ssd")}, WriteMode::kWriteBack);
+  std::vector<std::vector<TokenId>> reqs;
+  for (uint32_t r = 0; r < 6; ++r) {
+    reqs.push_back(Tokens(2 * kBt, 1000 * (r + 1)));
+    Blocks b(*cache, reqs.back(), 0, 2);
+    ASSERT_TRUE(cache->Store(reqs.back(), b.views).ok());
+  }
+  EXPECT_GT(cache->stats().tiers[1].writebacks, 0u);  // the cascade happened
+  for (const auto& t : reqs) {
+    auto lk = cache->Lookup(t);
+    ASSERT_EQ(lk->hit_blocks, 2u);
+    Buffers out(*cache, 2);
+    ASSERT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 2u);
+    ExpectBlockBytes(*cache, t, out, 2);
+  }
+}
+
 TEST(CacheTest, PromotionBringsLowerTierBlocksUp) {
   auto cache = OpenCache({Host(8, "hbm"), Host(64, "dram")});
   auto a = Tokens(6 * kBt), bt = Tokens(6 * kBt, 500);

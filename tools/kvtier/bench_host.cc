@@ -38,8 +38,8 @@ struct Buffer {
   std::byte* p = nullptr;
   size_t n = 0;
   explicit Buffer(size_t bytes) : n(bytes) {
-    void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                   -1, 0);
+    void* m =
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (m == MAP_FAILED) {
       std::perror("mmap");
       std::exit(1);

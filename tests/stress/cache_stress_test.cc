@@ -1,0 +1,148 @@
+// 8 threads doing random Store / Lookup / Load with eviction over three tiers, one of which
+// corrupts reads at random. Every block's bytes are a function of its key, so the model of
+// what a Load must return is exact: any torn, stale or misplaced block fails the test, and a
+// corrupt one must never be served.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "kvtier/cache.h"
+#include "testing/test_util.h"
+
+namespace kvtier {
+namespace {
+
+using testing::FaultyTier;
+using testing::FillBlock;
+using testing::SmallLayout;
+
+constexpr uint32_t kBt = 4;
+
+struct StressParams {
+  WriteMode mode;
+  const char* eviction;
+};
+
+class CacheStressTest : public ::testing::TestWithParam<StressParams> {};
+
+TEST_P(CacheStressTest, EveryLoadMatchesTheModel) {
+  const KvLayout layout = SmallLayout(kBt);
+  const uint64_t bb = layout.bytes_per_block();
+  auto disk = FaultyTier::Make(layout, 400 * bb, "disk");
+  CacheOptions o;
+  o.layout = layout;
+  o.write_mode = GetParam().mode;
+  TierSpec hbm, dram;
+  hbm.kind = "device";
+  hbm.name = "hbm";
+  hbm.capacity_bytes = 24 * bb;
+  hbm.eviction = GetParam().eviction;
+  dram.kind = "host";
+  dram.name = "dram";
+  dram.capacity_bytes = 96 * bb;
+  dram.threads = 2;
+  dram.eviction = GetParam().eviction;
+  TierSpec low;
+  low.instance = disk;
+  o.tiers = {hbm, dram, low};
+  auto cache = std::move(Cache::Open(o)).value();
+
+  const int kThreads = 8;
+  const int kOps = 1500;
+  std::atomic<uint64_t> loaded{0}, hits{0}, corrupt_seen{0};
+  std::atomic<bool> failed{false};
+  std::atomic<bool> done_flipping{false};
+  std::thread flipper([&] {
+    std::mt19937 rng(99);
+    while (!done_flipping) {
+      disk->corrupt_reads = (rng() % 4) == 0;
+      std::this_thread::yield();
+    }
+    disk->corrupt_reads = false;
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(1000 + t);
+      for (int op = 0; op < kOps && !failed; ++op) {
+        // 12 "sessions" whose prompts share a prefix and grow.
+        const uint32_t session = rng() % 12;
+        const size_t blocks = 1 + rng() % 20;
+        std::vector<TokenId> tokens(blocks * kBt);
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = session * 100000 + i;
+        std::vector<BlockKey> keys;
+        HashPrefix(cache->Root(), kBt, tokens, &keys);
+        if (rng() % 2) {
+          std::vector<std::vector<std::byte>> data(blocks, std::vector<std::byte>(bb));
+          std::vector<ConstBlock> views;
+          for (size_t i = 0; i < blocks; ++i) {
+            FillBlock(data[i], keys[i].lo);
+            views.emplace_back(data[i]);
+          }
+          auto st = cache->StoreKeys(keys, views);
+          if (!st.ok()) failed = true;
+        } else {
+          auto lk = cache->LookupKeys(keys);
+          if (!lk.ok()) {
+            failed = true;
+            break;
+          }
+          hits += lk->hit_blocks;
+          std::vector<std::vector<std::byte>> out(lk->hit_blocks, std::vector<std::byte>(bb));
+          std::vector<MutableBlock> views(out.begin(), out.end());
+          auto ld = cache->Load(*lk, views);
+          if (!ld.ok() || ld->loaded_blocks > lk->hit_blocks) {
+            failed = true;
+            break;
+          }
+          std::vector<std::byte> want(bb);
+          for (uint32_t i = 0; i < ld->loaded_blocks; ++i) {
+            FillBlock(want, keys[i].lo);
+            if (out[i] != want) {
+              ADD_FAILURE() << "thread " << t << " op " << op << ": block " << i
+                            << " loaded wrong bytes";
+              failed = true;
+              break;
+            }
+          }
+          for (const Status& s : ld->block_status)
+            corrupt_seen += s.code() == StatusCode::kCorruption;
+          loaded += ld->loaded_blocks;
+        }
+        for (int i = 0; i < cache->num_tiers(); ++i) {
+          if (cache->tier(i).used_bytes() > cache->tier(i).capacity_bytes()) {
+            ADD_FAILURE() << "tier " << i << " over capacity";
+            failed = true;
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  done_flipping = true;
+  flipper.join();
+  ASSERT_FALSE(failed);
+  CacheStats s = cache->stats();
+  std::printf("hit blocks %llu, loaded %llu, corrupt reads caught %llu, evictions hbm %llu\n",
+              (unsigned long long)hits.load(), (unsigned long long)loaded.load(),
+              (unsigned long long)corrupt_seen.load(), (unsigned long long)s.tiers[0].evictions);
+  EXPECT_GT(loaded.load(), 0u);
+  EXPECT_GT(s.tiers[0].evictions, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CacheStressTest,
+                         ::testing::Values(StressParams{WriteMode::kWriteThrough, "lru"},
+                                           StressParams{WriteMode::kWriteBack, "lru"},
+                                           StressParams{WriteMode::kWriteThrough, "s3fifo"},
+                                           StressParams{WriteMode::kWriteBack, "arc"}),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.mode == WriteMode::kWriteBack
+                                                  ? "WriteBack_"
+                                                  : "WriteThrough_") +
+                                  param_info.param.eviction;
+                         });
+
+}  // namespace
+}  // namespace kvtier
