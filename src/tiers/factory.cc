@@ -2,6 +2,7 @@
 #include <charconv>
 
 #include "kvtier/cache.h"
+#include "tiers/disk/disk_tier.h"
 #include "tiers/host/host_tier.h"
 #include "tiers/metadata/metadata_tier.h"
 
@@ -36,7 +37,7 @@ Result<bool> BoolParam(const TierSpec& spec, const std::string& key, bool fallba
 
 }  // namespace
 
-std::vector<std::string> TierKindNames() { return {"device", "host", "metadata"}; }
+std::vector<std::string> TierKindNames() { return {"device", "host", "metadata", "disk"}; }
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout) {
   const std::string name = spec.name.empty() ? spec.kind : spec.name;
@@ -59,6 +60,11 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
     KVTIER_RETURN_IF_ERROR(CheckParams(named, {}));
     KVTIER_ASSIGN_OR_RETURN(auto tier, MetadataTier::Open(layout, name, spec.capacity_bytes));
     return std::unique_ptr<Tier>(std::move(tier));
+  }
+  if (spec.kind == "disk") {
+    auto tier = disk::MakeDiskTier(named, layout);
+    if (!tier.ok()) return tier.status().WithContext("tier '" + name + "'");
+    return std::move(tier).value();
   }
   std::string known;
   for (const auto& k : TierKindNames()) known += std::string(known.empty() ? "" : ", ") + k;

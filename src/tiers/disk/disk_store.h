@@ -1,0 +1,204 @@
+// DiskStore: the engine of the disk tier. Fixed-size blocks in append-only segment files with
+// O_DIRECT and io_uring, an in-memory index rebuilt from the record headers at open, whole-segment
+// eviction (oldest first) under a byte capacity that is never exceeded, and a sync policy that
+// decides when a written block becomes durable. The format is in doc/disk_format.md.
+//
+// Writers are serialised (one append point); readers run concurrently with the writer and with
+// each other, each on its own I/O context from a pool. A block whose bytes fail verification on
+// read is dropped and reported as Corruption; a torn or corrupt record found at open is skipped
+// and the rest of its segment stays readable.
+//
+// Thread-safety: every public method may be called concurrently. The removal callback is
+// invoked with no DiskStore lock held. Ownership: nothing keeps a caller's buffers past a call.
+#ifndef KVTIER_TIERS_DISK_DISK_STORE_H_
+#define KVTIER_TIERS_DISK_DISK_STORE_H_
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mutex.h"
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+#include "tiers/disk/io_engine.h"
+
+namespace kvtier::disk {
+
+enum class SyncPolicy : uint8_t {
+  kNone,      // never fdatasync on its own; blocks become durable on Sync() or close
+  kBatch,     // fdatasync before each Put returns: every OK block is durable
+  kInterval,  // a background thread syncs every sync_interval_ms
+};
+std::string_view SyncPolicyName(SyncPolicy policy);
+std::optional<SyncPolicy> ParseSyncPolicy(std::string_view name);  // "none", "batch", "interval"
+
+struct DiskOptions {
+  std::string path;                 // the directory (created when missing)
+  uint64_t capacity_bytes = 0;      // bytes of segment files, never exceeded
+  uint64_t block_bytes = 0;         // payload of every block (the layout's bytes_per_block)
+  uint64_t layout_fingerprint = 0;  // written in every header; a foreign one is refused
+  uint64_t segment_bytes = 0;       // 0: min(256 MiB, capacity / 4)
+  uint32_t queue_depth = 32;        // I/Os in flight per context
+  SyncPolicy sync = SyncPolicy::kBatch;
+  uint32_t sync_interval_ms = 100;       // for kInterval
+  IoBackend io = IoBackend::kAuto;       // kAuto: io_uring, else pread/pwrite (noted in stats)
+  bool register_buffers = true;          // io_uring fixed buffers where RLIMIT_MEMLOCK allows
+  bool direct_io = true;                 // O_DIRECT; a filesystem that refuses it is noted
+  bool reinsert_hot = true;              // on eviction, rewrite blocks read since they were written
+  uint64_t buffer_bytes = 128ull << 20;  // bounce buffers per I/O context (caps in-flight I/Os)
+
+  // OK, or InvalidArgument naming the field.
+  Status Validate() const;
+  // Bytes on disk of one block's record (header page + padded payload).
+  uint64_t record_bytes() const;
+  // segment_bytes, or the default derived from capacity_bytes.
+  uint64_t effective_segment_bytes() const;
+};
+
+struct DiskStats {
+  std::string io_backend;  // "io_uring" or "pread/pwrite"
+  bool registered_buffers = false;
+  bool direct_io = false;
+  std::string notes;  // why something fell back, "" when nothing did
+  uint32_t queue_depth = 0;
+  uint64_t capacity_bytes = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t used_bytes = 0;  // sealed segment bytes + the active segment's bytes
+  uint64_t segments = 0;
+  uint64_t live_blocks = 0;
+  uint64_t live_bytes = 0;   // record bytes the index points at
+  uint64_t dead_bytes = 0;   // overwritten, erased, tombstones, skipped
+  uint64_t written_seq = 0;  // last sequence number whose write completed
+  uint64_t durable_seq = 0;  // every record up to this one is on stable storage
+  uint64_t syncs = 0;
+  uint64_t corruptions = 0;       // records dropped on read or skipped at open as corrupt
+  uint64_t recovered_blocks = 0;  // blocks found at open
+  uint64_t evicted_segments = 0;
+  uint64_t evicted_blocks = 0;
+  uint64_t reinserted_blocks = 0;
+};
+
+class DiskStore {
+ public:
+  using RemovalFn = std::function<void(std::span<const BlockKey>)>;
+
+  // Opens (or creates) the directory and rebuilds the index. InvalidArgument for bad options or
+  // a segment of a future format version or a foreign layout (naming the file); Unavailable when
+  // another process holds the directory; Internal for other system failures.
+  static Result<std::unique_ptr<DiskStore>> Open(const DiskOptions& options,
+                                                 RemovalFn on_removed = nullptr);
+  // Syncs (unless the policy is kNone) and closes.
+  ~DiskStore();
+  DiskStore(const DiskStore&) = delete;
+  DiskStore& operator=(const DiskStore&) = delete;
+
+  // results[i]: OK, InvalidArgument (wrong size), Unavailable (write failed). Blocks evicted to
+  // make room are reported through the removal callback before Put returns.
+  void Put(std::span<const BlockKey> keys, std::span<const std::span<const std::byte>> blocks,
+           std::span<Status> results);
+  // results[i]: OK, NotFound, Corruption (dropped), Unavailable (read failed), InvalidArgument.
+  void Get(std::span<const BlockKey> keys, std::span<const std::span<std::byte>> out,
+           std::span<Status> results);
+  void Exists(std::span<const BlockKey> keys, std::span<bool> out) const;
+  // Every resident key (for a cache that rebuilds its index over a persistent tier).
+  std::vector<BlockKey> Keys() const;
+  // Removes keys (writing tombstones, so they stay removed after a restart).
+  Status Erase(std::span<const BlockKey> keys);
+
+  // Makes every block written so far durable.
+  Status Sync();
+  // Whether key is resident and on stable storage (survives a crash).
+  bool IsDurable(const BlockKey& key) const;
+
+  uint64_t used_bytes() const;
+  DiskStats stats() const;
+  const DiskOptions& options() const { return options_; }
+
+ private:
+  struct Segment;
+  struct Location {
+    uint64_t segment_id = 0;
+    uint64_t offset = 0;
+    uint64_t seq = 0;
+    bool accessed = false;  // read since written: a reinsertion candidate
+  };
+  struct IoContext {
+    std::unique_ptr<IoEngine> engine;
+    std::vector<AlignedBuffer> buffers;
+    std::vector<std::array<iovec, 2>> iov;  // per buffer: header page + caller's block
+  };
+  // Whether a caller's buffer can be the I/O buffer itself (page-aligned, whole pages).
+  bool ZeroCopy(const void* p) const {
+    return options_.block_bytes % 4096 == 0 && reinterpret_cast<uintptr_t>(p) % 4096 == 0;
+  }
+
+  explicit DiskStore(const DiskOptions& options, RemovalFn on_removed);
+  Status OpenDirectory(std::vector<BlockKey>* removed);
+  Result<std::unique_ptr<IoContext>> MakeContext();
+  std::unique_ptr<IoContext> AcquireReader();
+  void ReleaseReader(std::unique_ptr<IoContext> ctx);
+
+  // Writer side; callers hold write_mu_ with no I/O outstanding.
+  Status RollSegment(std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+  void EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
+                    std::vector<std::pair<BlockKey, Location>>* hot) KVTIER_REQUIRES(write_mu_);
+  void Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
+                std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+  Status SyncLocked() KVTIER_REQUIRES(write_mu_);
+  void Publish(const BlockKey& key, const Location& loc) KVTIER_REQUIRES(mu_);
+  // Takes loc's record out of its segment's live counts.
+  void Unaccount(const Location& loc) KVTIER_REQUIRES(mu_);
+  void SyncLoop();
+
+  const DiskOptions options_;
+  const uint64_t segment_bytes_;
+  const uint64_t record_bytes_;
+  RemovalFn on_removed_;
+  int dir_fd_ = -1;
+  int lock_fd_ = -1;
+  bool direct_ = true;
+  std::string notes_;
+
+  Mutex write_mu_;  // one writer at a time; held across its I/O. Taken before mu_.
+  std::unique_ptr<IoContext> writer_ KVTIER_GUARDED_BY(write_mu_);
+  uint64_t next_seq_ KVTIER_GUARDED_BY(write_mu_) = 1;
+  uint64_t next_segment_id_ KVTIER_GUARDED_BY(write_mu_) = 1;
+  // Set at open from the writer's engine; constant afterwards.
+  std::string io_name_;
+  bool io_registered_ = false;
+
+  mutable Mutex mu_;  // the index and the segment table; never held across I/O
+  std::unordered_map<BlockKey, Location, BlockKeyHash> index_ KVTIER_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<Segment>> segments_ KVTIER_GUARDED_BY(mu_);
+  std::shared_ptr<Segment> active_ KVTIER_GUARDED_BY(mu_);
+  uint64_t sealed_bytes_ KVTIER_GUARDED_BY(mu_) = 0;
+
+  Mutex pool_mu_;
+  std::vector<std::unique_ptr<IoContext>> readers_ KVTIER_GUARDED_BY(pool_mu_);
+
+  std::atomic<uint64_t> written_seq_{0};
+  std::atomic<uint64_t> durable_seq_{0};
+  std::atomic<uint64_t> syncs_{0}, corruptions_{0}, recovered_{0}, evicted_segments_{0},
+      evicted_blocks_{0}, reinserted_{0};
+
+  std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+  bool stop_ = false;  // guarded by sync_mu_
+  std::thread sync_thread_;
+};
+
+}  // namespace kvtier::disk
+
+#endif  // KVTIER_TIERS_DISK_DISK_STORE_H_

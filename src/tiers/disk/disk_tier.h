@@ -1,0 +1,63 @@
+// DiskTier: the local-SSD Tier (TierKind::kDisk) over a DiskStore.
+//
+// Self-managed: it evicts whole segments (oldest first) on its own and reports the keys it
+// dropped through the removal listener; it survives restarts (the index is rebuilt from the
+// segment files, and the tier is not authoritative, so a new Cache finds those blocks through
+// Exists) and its bytes come from outside the process, so the Cache verifies them.
+//
+// Thread-safety: every method may be called concurrently (see DiskStore). Ownership: the tier
+// owns its store; it never keeps a caller's buffers past a call.
+#ifndef KVTIER_TIERS_DISK_DISK_TIER_H_
+#define KVTIER_TIERS_DISK_DISK_TIER_H_
+
+#include <memory>
+#include <string>
+
+#include "kvtier/cache.h"
+#include "kvtier/tier.h"
+#include "tiers/disk/disk_store.h"
+
+namespace kvtier::disk {
+
+class DiskTier final : public Tier {
+ public:
+  // options.block_bytes, layout_fingerprint and capacity_bytes are taken from layout and
+  // capacity_bytes. Errors as DiskStore::Open.
+  static Result<std::unique_ptr<DiskTier>> Open(std::string name, const KvLayout& layout,
+                                                uint64_t capacity_bytes, DiskOptions options);
+  ~DiskTier() override;
+
+  // Whether key is resident and on stable storage.
+  bool IsDurable(const BlockKey& key) const { return store_->IsDurable(key); }
+  // Makes every block written so far durable.
+  Status Sync() { return store_->Sync(); }
+  DiskStats disk_stats() const { return store_->stats(); }
+  DiskStore& store() { return *store_; }
+
+ protected:
+  void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+               std::span<Status> results) override;
+  void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
+               std::span<Status> results) override;
+  Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
+  Status EraseImpl(std::span<const BlockKey> keys) override;
+  uint64_t UsedBytesImpl() const override;
+  TierCapabilities CapabilitiesImpl() const override;
+
+ private:
+  DiskTier(std::string name, const KvLayout& layout, uint64_t capacity_bytes);
+  std::unique_ptr<DiskStore> store_;
+};
+
+// DiskOptions from TierSpec::params: "path" (required), "segment_bytes", "queue_depth",
+// "sync" (none|batch|interval), "sync_interval_ms", "io" (auto|uring|sync),
+// "register_buffers", "direct_io", "reinsert_hot" (true|false), "buffer_bytes". Sizes accept
+// "256MiB" and the like. InvalidArgument names the param.
+Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::string>& params);
+
+// The "disk" kind of MakeTier.
+Result<std::unique_ptr<Tier>> MakeDiskTier(const TierSpec& spec, const KvLayout& layout);
+
+}  // namespace kvtier::disk
+
+#endif  // KVTIER_TIERS_DISK_DISK_TIER_H_

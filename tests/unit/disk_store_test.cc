@@ -1,0 +1,544 @@
+// DiskStore, the disk tier's engine: round trips, restart, eviction under the capacity,
+// corruption handling, refusal of foreign segments, durability policies and concurrency.
+#include <dirent.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "testing/test_util.h"
+#include "tiers/disk/disk_store.h"
+#include "tiers/disk/format.h"
+
+namespace kvtier::disk {
+namespace {
+
+constexpr uint64_t kBlock = 16 * 1024 + 512;  // not page-aligned on purpose
+constexpr uint64_t kFingerprint = 0x5eed5eed12345678ULL;
+
+BlockKey Key(uint64_t n) { return BlockKey{n * 0x9e3779b97f4a7c15ULL + 1, n}; }
+
+// Deterministic block contents for (key n, version v).
+std::vector<std::byte> Payload(uint64_t n, uint64_t v = 0, uint64_t bytes = kBlock) {
+  std::vector<std::byte> out(bytes);
+  uint64_t x = n * 0x2545f4914f6cdd1dULL + v * 0x9e3779b97f4a7c15ULL + 7;
+  for (uint64_t i = 0; i < bytes; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    out[i] = static_cast<std::byte>(x);
+  }
+  return out;
+}
+
+DiskOptions Options(const std::string& dir, IoBackend io = IoBackend::kAuto) {
+  DiskOptions o;
+  o.path = dir;
+  o.block_bytes = kBlock;
+  o.layout_fingerprint = kFingerprint;
+  o.capacity_bytes = 8 << 20;
+  o.segment_bytes = 1 << 20;
+  o.queue_depth = 8;
+  o.io = io;
+  o.buffer_bytes = 1 << 20;
+  return o;
+}
+
+std::unique_ptr<DiskStore> OpenOrDie(const DiskOptions& o, DiskStore::RemovalFn fn = nullptr) {
+  auto r = DiskStore::Open(o, std::move(fn));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+void PutMany(DiskStore& s, uint64_t first, uint64_t count, uint64_t version = 0) {
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<std::span<const std::byte>> blocks;
+  for (uint64_t n = first; n < first + count; ++n) {
+    keys.push_back(Key(n));
+    data.push_back(Payload(n, version));
+  }
+  for (auto& d : data) blocks.emplace_back(d);
+  std::vector<Status> results(keys.size());
+  s.Put(keys, blocks, results);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << "key " << first + i << ": " << results[i].ToString();
+  }
+}
+
+// Status of reading key n, checking the bytes against version v when OK.
+Status GetOne(DiskStore& s, uint64_t n, uint64_t v = 0) {
+  std::vector<std::byte> buf(kBlock);
+  std::span<std::byte> out(buf);
+  BlockKey key = Key(n);
+  Status st;
+  s.Get({&key, 1}, {&out, 1}, {&st, 1});
+  if (st.ok() && buf != Payload(n, v)) return Status::Internal("served wrong bytes");
+  return st;
+}
+
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with("seg-")) total += e.file_size();
+  }
+  return total;
+}
+
+std::vector<std::string> SegmentFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (ParseSegmentFileName(e.path().filename().string())) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void FlipByte(const std::string& file, uint64_t offset) {
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  c ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  ::close(fd);
+}
+
+class DiskStoreTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(dir_.path().empty()) << "mkdtemp failed";
+    if (GetParam() == IoBackend::kUring) {
+      IoEngineOptions eo;
+      eo.backend = IoBackend::kUring;
+      auto probe = MakeIoEngine(eo);
+      if (!probe.ok()) GTEST_SKIP() << "io_uring unavailable here: " << probe.status().ToString();
+    }
+  }
+  ::kvtier::testing::TempDir dir_;
+};
+
+TEST_P(DiskStoreTest, PutGetRoundTripAndMiss) {
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->stats().io_backend, GetParam() == IoBackend::kSync ? "pread/pwrite" : "io_uring");
+  PutMany(*s, 0, 20);
+  for (uint64_t n = 0; n < 20; ++n) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_TRUE(GetOne(*s, 999).IsNotFound());
+  bool found[2];
+  BlockKey keys[2] = {Key(3), Key(999)};
+  s->Exists(keys, found);
+  EXPECT_TRUE(found[0]);
+  EXPECT_FALSE(found[1]);
+  EXPECT_EQ(s->stats().live_blocks, 20u);
+}
+
+TEST_P(DiskStoreTest, WrongSizeIsInvalidArgumentPerBlock) {
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  std::vector<std::byte> good = Payload(1), small(100);
+  BlockKey keys[2] = {Key(1), Key(2)};
+  std::span<const std::byte> blocks[2] = {good, small};
+  Status results[2];
+  s->Put(keys, blocks, results);
+  EXPECT_TRUE(results[0].ok());
+  EXPECT_EQ(results[1].code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(GetOne(*s, 1).ok());
+  EXPECT_TRUE(GetOne(*s, 2).IsNotFound());
+}
+
+TEST_P(DiskStoreTest, ReopenRebuildsTheIndexAndLatestWins) {
+  {
+    auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+    PutMany(*s, 0, 30);
+    PutMany(*s, 10, 5, /*version=*/1);  // overwrites
+  }
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  EXPECT_EQ(s->stats().recovered_blocks, 30u);
+  for (uint64_t n = 0; n < 30; ++n) {
+    const uint64_t v = (n >= 10 && n < 15) ? 1 : 0;
+    EXPECT_TRUE(GetOne(*s, n, v).ok()) << n;
+  }
+  // New writes after a restart go to a new segment and survive another restart.
+  PutMany(*s, 30, 3);
+  s.reset();
+  s = OpenOrDie(Options(dir_.path(), GetParam()));
+  EXPECT_TRUE(GetOne(*s, 31).ok());
+  EXPECT_TRUE(GetOne(*s, 12, 1).ok());
+}
+
+TEST_P(DiskStoreTest, EraseSurvivesRestart) {
+  {
+    auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+    PutMany(*s, 0, 10);
+    BlockKey gone[3] = {Key(2), Key(5), Key(12345)};
+    ASSERT_TRUE(s->Erase(gone).ok());
+    EXPECT_TRUE(GetOne(*s, 2).IsNotFound());
+    PutMany(*s, 5, 1, /*version=*/2);  // re-put after erase
+  }
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  EXPECT_TRUE(GetOne(*s, 2).IsNotFound());
+  EXPECT_TRUE(GetOne(*s, 5, 2).ok());
+  EXPECT_TRUE(GetOne(*s, 4).ok());
+}
+
+TEST_P(DiskStoreTest, CapacityIsNeverExceededAndEvictionsAreReported) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.reinsert_hot = false;
+  o.sync = SyncPolicy::kNone;  // thousands of batches: no fdatasync each
+  std::set<BlockKey> removed;
+  std::mutex mu;
+  auto s = OpenOrDie(o, [&](std::span<const BlockKey> keys) {
+    std::lock_guard<std::mutex> l(mu);
+    removed.insert(keys.begin(), keys.end());
+  });
+  const uint64_t per_segment = (o.segment_bytes - kPageBytes) / o.record_bytes();
+  const uint64_t total = 4 * o.capacity_bytes / o.record_bytes();
+  for (uint64_t n = 0; n < total; n += 16) {
+    PutMany(*s, n, 16);
+    ASSERT_LE(s->used_bytes(), o.capacity_bytes);
+    ASSERT_LE(DirBytes(dir_.path()), o.capacity_bytes);
+  }
+  const uint64_t written = (total + 15) / 16 * 16;
+  EXPECT_GT(s->stats().evicted_segments, 0u);
+  // Every key is either resident or was reported removed, never both.
+  uint64_t resident = 0;
+  for (uint64_t n = 0; n < written; ++n) {
+    const Status st = GetOne(*s, n);
+    const bool was_removed = removed.count(Key(n)) != 0;
+    if (st.ok()) {
+      ++resident;
+      EXPECT_FALSE(was_removed) << n;
+    } else {
+      EXPECT_TRUE(st.IsNotFound()) << st.ToString();
+      EXPECT_TRUE(was_removed) << n;
+    }
+  }
+  // Oldest first: the newest blocks are all there, and at least capacity minus two segments
+  // worth of blocks stays resident.
+  for (uint64_t n = written - per_segment; n < written; ++n) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_GE(resident, (o.capacity_bytes / o.segment_bytes - 2) * per_segment);
+  EXPECT_TRUE(GetOne(*s, 0).IsNotFound());
+}
+
+TEST_P(DiskStoreTest, HotBlocksAreReinsertedOnEviction) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.sync = SyncPolicy::kNone;
+  auto s = OpenOrDie(o);
+  PutMany(*s, 0, 20);
+  for (uint64_t n = 0; n < 4; ++n) ASSERT_TRUE(GetOne(*s, n).ok());  // hot: read once
+  // Push everything else out several times over.
+  for (uint64_t n = 1000; n < 1000 + 4 * o.capacity_bytes / o.record_bytes(); n += 16) {
+    PutMany(*s, n, 16);
+    // Keep them hot: a block survives a round only if read since it was (re)written.
+    for (uint64_t h = 0; h < 4; ++h) ASSERT_TRUE(GetOne(*s, h).ok()) << h;
+  }
+  EXPECT_GT(s->stats().reinserted_blocks, 0u);
+  for (uint64_t n = 0; n < 4; ++n) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  for (uint64_t n = 4; n < 20; ++n) EXPECT_TRUE(GetOne(*s, n).IsNotFound()) << n;
+  EXPECT_LE(s->used_bytes(), o.capacity_bytes);
+}
+
+TEST_P(DiskStoreTest, KeyWrittenTwiceInOneSegmentIsKeptOrEvictedOnce) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.sync = SyncPolicy::kNone;
+  std::map<BlockKey, int> removed;
+  auto s = OpenOrDie(o, [&](std::span<const BlockKey> keys) {
+    for (const BlockKey& k : keys) ++removed[k];
+  });
+  PutMany(*s, 0, 4);
+  PutMany(*s, 0, 4, /*version=*/1);  // same segment, newer version
+  for (uint64_t n = 1000; n < 1000 + 3 * o.capacity_bytes / o.record_bytes(); n += 16) {
+    PutMany(*s, n, 16);
+    ASSERT_TRUE(GetOne(*s, 0, 1).ok());  // key 0 stays hot
+  }
+  EXPECT_TRUE(GetOne(*s, 0, 1).ok());
+  EXPECT_EQ(removed.count(Key(0)), 0u);
+  EXPECT_EQ(removed[Key(1)], 1);
+  EXPECT_TRUE(GetOne(*s, 1).IsNotFound());
+}
+
+TEST_P(DiskStoreTest, FlippedPayloadByteIsCorruptionAndTheRestStaysReadable) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
+  auto files = SegmentFiles(dir_.path());
+  ASSERT_EQ(files.size(), 1u);
+  // Record 2 starts at page 1 + 2 records; flip a payload byte in it.
+  FlipByte(files[0], kPageBytes + 2 * o.record_bytes() + kPageBytes + 1000);
+  auto s = OpenOrDie(o);
+  const Status st = GetOne(*s, 2);
+  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_NE(st.message().find("checksum"), std::string::npos) << st.message();
+  EXPECT_TRUE(GetOne(*s, 2).IsNotFound());  // dropped
+  for (uint64_t n : {0, 1, 3, 4}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_EQ(s->stats().corruptions, 1u);
+}
+
+TEST_P(DiskStoreTest, FlippedHeaderByteSkipsOnlyThatRecordAtOpen) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
+  auto files = SegmentFiles(dir_.path());
+  ASSERT_EQ(files.size(), 1u);
+  FlipByte(files[0], kPageBytes + 2 * o.record_bytes() + 20);  // record 2's key
+  auto s = OpenOrDie(o);
+  EXPECT_TRUE(GetOne(*s, 2).IsNotFound());
+  for (uint64_t n : {0, 1, 3, 4}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_GE(s->stats().corruptions, 1u);
+}
+
+TEST_P(DiskStoreTest, TornRecordsOfACrashedSegmentAreSkippedAndTrimmed) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
+  auto files = SegmentFiles(dir_.path());
+  ASSERT_EQ(files.size(), 1u);
+  const uint64_t end = std::filesystem::file_size(files[0]);
+  const uint64_t rec = o.record_bytes();
+  // What a crash leaves when writes complete out of order: key 5's header with half its
+  // payload, key 6 complete after it, key 7's header with no payload, then preallocated zeros.
+  auto record = [&](uint64_t n, uint64_t seq, size_t payload_bytes_written) {
+    std::vector<std::byte> r(rec);
+    const std::vector<std::byte> p = Payload(n);
+    RecordHeader h;
+    h.key = Key(n);
+    h.payload_bytes = kBlock;
+    h.layout_fingerprint = kFingerprint;
+    h.sequence = seq;
+    h.payload_checksum = Xxh3(p);
+    EncodeRecordHeader(h, std::span<std::byte>(r).first(kPageBytes));
+    std::memcpy(r.data() + kPageBytes, p.data(), payload_bytes_written);
+    return r;
+  };
+  {
+    const int fd = ::open(files[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const auto r5 = record(5, 1000, kBlock / 2), r6 = record(6, 1001, kBlock),
+               r7 = record(7, 1002, 0);
+    ASSERT_EQ(::pwrite(fd, r5.data(), rec, static_cast<off_t>(end)), ssize_t(rec));
+    ASSERT_EQ(::pwrite(fd, r6.data(), rec, static_cast<off_t>(end + rec)), ssize_t(rec));
+    ASSERT_EQ(::pwrite(fd, r7.data(), rec, static_cast<off_t>(end + 2 * rec)), ssize_t(rec));
+    ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(end + 3 * rec + 8 * kPageBytes)), 0);
+    ::close(fd);
+  }
+  auto s = OpenOrDie(o);
+  for (uint64_t n : {0, 1, 2, 3, 4, 6}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_TRUE(GetOne(*s, 5).IsNotFound());
+  EXPECT_TRUE(GetOne(*s, 7).IsNotFound());
+  EXPECT_EQ(s->stats().corruptions, 0u);  // torn, never acknowledged: not corruption
+  EXPECT_EQ(std::filesystem::file_size(files[0]), end + 2 * rec);  // trimmed after key 6
+  PutMany(*s, 7, 1);
+  s.reset();
+  s = OpenOrDie(o);
+  for (uint64_t n : {0, 1, 2, 3, 4, 6, 7}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+}
+
+TEST_P(DiskStoreTest, FutureFormatVersionIsRefused) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 2);
+  }
+  auto files = SegmentFiles(dir_.path());
+  ASSERT_FALSE(files.empty());
+  const int fd = ::open(files[0].c_str(), O_RDWR);
+  const uint32_t future = kFormatVersion + 1;
+  ASSERT_EQ(::pwrite(fd, &future, 4, 8), 4);
+  ::close(fd);
+  auto r = DiskStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("newer"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(files[0]), std::string::npos) << r.status().message();
+}
+
+TEST_P(DiskStoreTest, ForeignLayoutIsRefused) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 2);
+  }
+  o.layout_fingerprint ^= 1;
+  auto r = DiskStore::Open(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("layout fingerprint"), std::string::npos)
+      << r.status().message();
+}
+
+TEST_P(DiskStoreTest, SecondOpenOfTheSameDirectoryIsUnavailable) {
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  auto r = DiskStore::Open(Options(dir_.path(), GetParam()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+}
+
+TEST_P(DiskStoreTest, SyncPolicies) {
+  {
+    DiskOptions o = Options(dir_.path() + "/batch", GetParam());
+    o.sync = SyncPolicy::kBatch;
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 3);
+    EXPECT_TRUE(s->IsDurable(Key(0)));
+    EXPECT_TRUE(s->IsDurable(Key(2)));
+    EXPECT_FALSE(s->IsDurable(Key(3)));
+  }
+  {
+    DiskOptions o = Options(dir_.path() + "/none", GetParam());
+    o.sync = SyncPolicy::kNone;
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 3);
+    EXPECT_FALSE(s->IsDurable(Key(0)));
+    ASSERT_TRUE(s->Sync().ok());
+    EXPECT_TRUE(s->IsDurable(Key(0)));
+    PutMany(*s, 3, 1);
+    EXPECT_FALSE(s->IsDurable(Key(3)));
+  }
+  {
+    DiskOptions o = Options(dir_.path() + "/interval", GetParam());
+    o.sync = SyncPolicy::kInterval;
+    o.sync_interval_ms = 5;
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 3);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!s->IsDurable(Key(2)) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    EXPECT_TRUE(s->IsDurable(Key(2)));
+  }
+}
+
+TEST_P(DiskStoreTest, ConcurrentReadsWhileWritingServeExactBytes) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.capacity_bytes = 64 << 20;  // no eviction: every acknowledged block must be readable
+  o.sync = SyncPolicy::kNone;
+  auto s = OpenOrDie(o);
+  std::atomic<uint64_t> acked{0};
+  constexpr uint64_t kTotal = 600;
+  std::atomic<uint64_t> bad{0}, reads{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 3; ++t) {
+    readers.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      while (acked.load() < kTotal) {
+        const uint64_t hi = acked.load();
+        if (hi == 0) continue;
+        const uint64_t n = rng() % hi;
+        if (!GetOne(*s, n).ok()) bad.fetch_add(1);
+        reads.fetch_add(1);
+      }
+    });
+  }
+  for (uint64_t n = 0; n < kTotal; n += 4) {
+    PutMany(*s, n, 4);
+    acked.store(n + 4);
+  }
+  for (auto& r : readers) r.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(reads.load(), 0u);
+}
+
+TEST_P(DiskStoreTest, OptionsNameTheBadField) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.capacity_bytes = o.segment_bytes;  // one segment only
+  Status st = o.Validate();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("capacity_bytes"), std::string::npos) << st.message();
+  o = Options(dir_.path(), GetParam());
+  o.segment_bytes = 4096;
+  EXPECT_NE(o.Validate().message().find("segment_bytes"), std::string::npos);
+  o = Options(dir_.path(), GetParam());
+  o.queue_depth = 0;
+  EXPECT_NE(o.Validate().message().find("queue_depth"), std::string::npos);
+  o = Options("", GetParam());
+  EXPECT_NE(o.Validate().message().find("path"), std::string::npos);
+  // The default segment size follows a small capacity.
+  o = Options(dir_.path(), GetParam());
+  o.segment_bytes = 0;
+  EXPECT_EQ(o.effective_segment_bytes(), 2u << 20);
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST_P(DiskStoreTest, StatsReportTheBackendAndBuffers) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  o.register_buffers = false;
+  auto s = OpenOrDie(o);
+  DiskStats st = s->stats();
+  EXPECT_FALSE(st.registered_buffers);
+  if (!st.direct_io) {
+    EXPECT_NE(st.notes.find("O_DIRECT"), std::string::npos) << st.notes;
+  }
+  EXPECT_EQ(st.queue_depth, 8u);
+  EXPECT_EQ(st.segments, 1u);
+  EXPECT_EQ(st.used_bytes, kPageBytes);
+}
+
+// io_uring pins registered buffers against RLIMIT_MEMLOCK (8 MiB for non-root here): a refused
+// registration must fall back to plain buffers and say why. Run in a child whose limit is
+// lowered (and, as root, which drops to nobody, since CAP_IPC_LOCK ignores the limit).
+TEST(DiskIoEngineTest, RefusedBufferRegistrationFallsBackAndSaysWhy) {
+  {
+    IoEngineOptions probe;
+    probe.backend = IoBackend::kUring;
+    if (!MakeIoEngine(probe).ok()) GTEST_SKIP() << "io_uring unavailable here";
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    rlimit lim{1 << 20, 1 << 20};
+    if (::setrlimit(RLIMIT_MEMLOCK, &lim) != 0) _exit(10);
+    if (::geteuid() == 0 && ::setresuid(65534, 65534, 65534) != 0) _exit(11);
+    AlignedBuffer buf(4 << 20);
+    IoEngineOptions o;
+    o.backend = IoBackend::kUring;
+    o.queue_depth = 4;
+    o.buffers = {buf.span()};
+    auto engine = MakeIoEngine(o);
+    if (!engine.ok()) _exit(12);
+    if ((*engine)->registered_buffers()) _exit(13);
+    if ((*engine)->note().find("RLIMIT_MEMLOCK") == std::string::npos) _exit(14);
+    // Still usable without registration.
+    AlignedBuffer data(4096);
+    std::memset(data.data(), 0x5a, 4096);
+    FILE* f = std::tmpfile();
+    if (f == nullptr) _exit(15);
+    (*engine)->Queue(IoRequest{true, ::fileno(f), data.data(), 4096, 0, 0, 1});
+    std::vector<IoCompletion> done;
+    if (!(*engine)->Wait(1, &done).ok() || done.size() != 1 || done[0].result != 4096) _exit(16);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 13) GTEST_SKIP() << "the kernel registered past RLIMIT_MEMLOCK";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child check " << WEXITSTATUS(status) << " failed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DiskStoreTest,
+                         ::testing::Values(IoBackend::kUring, IoBackend::kSync),
+                         [](const ::testing::TestParamInfo<IoBackend>& p) {
+                           return p.param == IoBackend::kSync ? std::string("Sync")
+                                                              : std::string("Uring");
+                         });
+
+}  // namespace
+}  // namespace kvtier::disk
