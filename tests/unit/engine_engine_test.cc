@@ -12,6 +12,7 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/planner.h"
+#include "testing/test_util.h"
 
 namespace kvtier::engine {
 namespace {
@@ -110,6 +111,32 @@ TEST_F(EngineWithCache, HostHitIsBitExactWithFullRecompute) {
     engine_->pool().DropUnreferenced();
   }
   SetBlasThreads(1);
+}
+
+// Each tier adds itself here: the disk tier (segment files) serves the prefix.
+TEST_F(EngineWithCache, DiskHitIsBitExactWithFullRecompute) {
+  testing::TempDir dir;
+  CacheOptions co;
+  co.layout = engine_->layout();
+  co.model_id = "tiny";
+  TierSpec disk;
+  disk.kind = "disk";
+  disk.capacity_bytes = 64ull << 20;
+  disk.params["path"] = dir.path();
+  co.tiers.push_back(disk);
+  Result<std::unique_ptr<Cache>> cache = Cache::Open(co);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  ASSERT_TRUE(engine_->AttachCache(cache->get()).ok());
+  auto p1 = Tokens(100, 21);
+  TurnResult t1 = engine_->RunTurn(p1).value();
+  EXPECT_EQ(t1.stored_blocks, 6u);
+  engine_->pool().DropUnreferenced();
+  auto p2 = Extend(p1, t1, 29, 22);
+  TurnResult t2 = engine_->RunTurn(p2).value();
+  EXPECT_EQ(t2.loaded_blocks, 6u);
+  EXPECT_EQ(t2.loaded_by_tier[0], 6u);
+  EXPECT_TRUE(SameBits(t2.logits, Recompute(p2).logits));
+  ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
 }
 
 TEST_F(EngineWithCache, PoolHitIsBitExactAndTouchesNoTier) {
