@@ -44,9 +44,9 @@ int RunCrossoverCommand(CrossoverFlags f) {
     return 2;
   }
   const uint32_t bt = f.engine.options.block_tokens;
-  // The pool holds the longest prompt (the turn's own blocks) plus calibration room.
-  f.engine.options.pool_blocks =
-      std::max<uint64_t>(f.engine.options.pool_blocks, (f.max_tokens + bt) / bt + 4);
+  // The pool holds the longest prompt (the turn's own blocks) and the calibration's batches.
+  f.engine.options.pool_blocks = std::max<uint64_t>(
+      {f.engine.options.pool_blocks, (f.max_tokens + bt) / bt + 4, uint64_t{64}});
   uint64_t host_bytes = 0;
   if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &host_bytes)) return 2;
   Result<engine::EngineSetup> setup =
