@@ -1,0 +1,308 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "engine/gguf.h"
+
+namespace kvtier::engine {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Releases every block of a turn's table when the turn ends, however it ends.
+class TableGuard {
+ public:
+  explicit TableGuard(KvPool* pool) : pool_(pool) {}
+  ~TableGuard() {
+    for (BlockId id : table) pool_->Release(id);
+  }
+  std::vector<BlockId> table;
+
+ private:
+  KvPool* pool_;
+};
+
+}  // namespace
+
+Status EngineOptions::Validate() const {
+  if (gguf.empty() && !ModelPreset(model).ok()) {
+    return Status::InvalidArgument("engine: model: unknown preset '" + model +
+                                   "' (known: tiny, small)");
+  }
+  if (block_tokens == 0 || block_tokens > 4096) {
+    return Status::InvalidArgument("engine: block_tokens: must be in [1, 4096]");
+  }
+  if (pool_blocks == 0) return Status::InvalidArgument("engine: pool_blocks: must be > 0");
+  if (threads < 1 || threads > 256) {
+    return Status::InvalidArgument("engine: threads: must be in [1, 256]");
+  }
+  return Status::Ok();
+}
+
+TokenId Argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<TokenId>(best);
+}
+
+Engine::Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool)
+    : options_(std::move(options)), model_(std::move(model)), pool_(std::move(pool)) {}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  ModelConfig config;
+  std::shared_ptr<const Weights> weights;
+  if (!options.gguf.empty()) {
+    KVTIER_ASSIGN_OR_RETURN(GgufModel g, LoadGguf(options.gguf));
+    config = std::move(g.config);
+    weights = std::make_shared<const Weights>(std::move(g.weights));
+  } else {
+    KVTIER_ASSIGN_OR_RETURN(config, ModelPreset(options.model));
+    weights = std::make_shared<const Weights>(RandomWeights(config, options.seed));
+  }
+  KVTIER_ASSIGN_OR_RETURN(Model model, Model::Create(config, std::move(weights)));
+  KVTIER_ASSIGN_OR_RETURN(auto pool,
+                          KvPool::Create(config.Layout(options.block_tokens), options.pool_blocks));
+  SetBlasThreads(options.threads);
+  return std::unique_ptr<Engine>(new Engine(options, std::move(model), std::move(pool)));
+}
+
+Result<std::unique_ptr<Engine>> Engine::CreateSharing(const Engine& other,
+                                                      const EngineOptions& options) {
+  KVTIER_RETURN_IF_ERROR(options.Validate());
+  KVTIER_ASSIGN_OR_RETURN(Model model,
+                          Model::Create(other.model_.config(), other.model_.shared_weights()));
+  KVTIER_ASSIGN_OR_RETURN(
+      auto pool,
+      KvPool::Create(other.model_.config().Layout(options.block_tokens), options.pool_blocks));
+  SetBlasThreads(options.threads);
+  return std::unique_ptr<Engine>(new Engine(options, std::move(model), std::move(pool)));
+}
+
+Status Engine::AttachCache(Cache* cache) {
+  if (cache != nullptr && cache->layout() != layout()) {
+    return Status::InvalidArgument("engine: cache layout " + cache->layout().ToString() +
+                                   " differs from the engine's " + layout().ToString());
+  }
+  cache_ = cache;
+  if (cache_ != nullptr && options_.write_back) {
+    pool_->SetEvictionListener([this](const BlockKey& key, uint32_t position, ConstBlock bytes) {
+      // A failed write-back only loses reuse: the block is recomputed when it returns.
+      (void)cache_->StoreKeys(std::span<const BlockKey>(&key, 1),
+                              std::span<const ConstBlock>(&bytes, 1), position);
+    });
+  } else {
+    pool_->SetEvictionListener(nullptr);
+  }
+  SetPlanner(planner_);
+  return Status::Ok();
+}
+
+void Engine::SetPlanner(std::shared_ptr<const Planner> planner) {
+  planner_ = std::move(planner);
+  planner_tier_.clear();
+  if (cache_ == nullptr || planner_ == nullptr) return;
+  for (int t = 0; t < cache_->num_tiers(); ++t) {
+    planner_tier_.push_back(planner_->profile().FindTier(cache_->tier(t).name()));
+  }
+}
+
+BlockKey Engine::Root(const RequestOptions& request) const {
+  if (cache_ != nullptr) return cache_->Root(request);
+  Namespace ns;
+  ns.model_id = model_.config().name;
+  ns.layout_fingerprint = pool_->layout().fingerprint();
+  ns.tenant = request.tenant;
+  ns.lora_id = request.lora_id;
+  return ns.Root();
+}
+
+Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOptions& opt) {
+  const double t0 = NowS();
+  const uint32_t n = static_cast<uint32_t>(prompt.size());
+  const uint32_t bt = options_.block_tokens;
+  const ModelConfig& c = model_.config();
+  if (n == 0) return Status::InvalidArgument("turn: empty prompt");
+  const uint32_t decode = std::max<uint32_t>(opt.decode_tokens, 1);
+  if (uint64_t{n} + decode - 1 > c.max_positions) {
+    return Status::InvalidArgument("turn: " + std::to_string(n) + " prompt + " +
+                                   std::to_string(decode) + " decode tokens exceed max_positions " +
+                                   std::to_string(c.max_positions));
+  }
+  for (TokenId t : prompt) {
+    if (t >= c.vocab_size) {
+      return Status::InvalidArgument("turn: token " + std::to_string(t) +
+                                     " is outside the vocabulary of " +
+                                     std::to_string(c.vocab_size));
+    }
+  }
+  TurnResult r;
+  r.prompt_tokens = n;
+  const bool use_cache = opt.use_cache && cache_ != nullptr;
+
+  std::vector<BlockKey> keys;
+  HashPrefix(Root(opt.request), bt, prompt, &keys);
+  const uint32_t full = static_cast<uint32_t>(keys.size());
+  const uint32_t usable = std::min(full, (n - 1) / bt);  // the last token's block is computed
+  const uint32_t prompt_blocks = (n - 1) / bt + 1;
+  const uint32_t total_blocks = (n + decode - 2) / bt + 1;
+
+  TableGuard guard(pool_.get());
+  std::vector<BlockId>& table = guard.table;
+  table.reserve(total_blocks);
+  uint32_t resident = 0;
+  if (opt.use_pool) {
+    while (resident < usable) {
+      auto id = pool_->Find(keys[resident]);
+      if (!id) break;
+      table.push_back(*id);
+      ++resident;
+    }
+  }
+  r.pool_hit_blocks = resident;
+
+  // What the tiers hold after the pool's run, and the plan.
+  Result<LookupResult> lookup = Status::NotFound("no lookup");
+  uint32_t recompute = 0, load = 0;
+  if (use_cache && resident < usable) {
+    lookup = cache_->LookupKeys(
+        std::span<const BlockKey>(keys).subspan(resident, usable - resident), opt.request);
+    if (lookup.ok()) r.tier_hit_blocks = lookup->hit_blocks;
+  }
+  const uint32_t hits = r.tier_hit_blocks;
+  if (hits > 0) {
+    switch (opt.mode) {
+      case ReuseMode::kLoad:
+        load = hits;
+        break;
+      case ReuseMode::kRecompute:
+        recompute = hits;
+        break;
+      case ReuseMode::kSplit:
+        recompute = std::min(opt.split_blocks, hits);
+        load = hits - recompute;
+        break;
+      case ReuseMode::kAuto:
+        if (planner_ == nullptr) {
+          load = hits;
+        } else {
+          PlanRequest req;
+          req.prompt_tokens = n;
+          req.resident_blocks = resident;
+          for (uint32_t i = 0; i < hits; ++i) {
+            const int src = lookup->source[i];
+            req.block_tier.push_back(
+                src >= 0 && src < static_cast<int>(planner_tier_.size()) ? planner_tier_[src] : -1);
+          }
+          r.plan = planner_->Choose(req);
+          r.planned = true;
+          recompute = r.plan.recompute_blocks;
+          load = r.plan.load_blocks;
+          if (recompute + load < hits) recompute = hits - load;  // an unplannable tail
+        }
+        break;
+    }
+  }
+
+  // Blocks for everything not in the pool: prompt and decode positions.
+  while (table.size() < total_blocks) {
+    KVTIER_ASSIGN_OR_RETURN(BlockId id, pool_->Allocate());
+    table.push_back(id);
+  }
+  const double t_lookup = NowS();
+  r.lookup_s = t_lookup - t0;
+
+  // Load [resident + recompute, resident + recompute + load) straight into the pool blocks.
+  uint32_t loaded = 0;
+  const uint32_t load_begin = resident + recompute;
+  if (load > 0) {
+    Result<LookupResult> tail = Status::NotFound("no lookup");
+    const LookupResult* src = &*lookup;
+    if (recompute > 0) {  // Load serves a lookup's leading blocks: look the tail up alone
+      lookup = Status::NotFound("released");  // unpin the head
+      tail = cache_->LookupKeys(std::span<const BlockKey>(keys).subspan(load_begin, load),
+                                opt.request);
+      src = tail.ok() ? &*tail : nullptr;
+    }
+    if (src != nullptr) {
+      const uint32_t want = std::min(load, src->hit_blocks);
+      std::vector<MutableBlock> dst;
+      dst.reserve(want);
+      for (uint32_t i = 0; i < want; ++i) dst.push_back(pool_->block(table[load_begin + i]));
+      Result<LoadResult> lr = cache_->Load(*src, dst);
+      if (lr.ok()) {
+        loaded = lr->loaded_blocks;
+        r.bytes_loaded = uint64_t{loaded} * pool_->block_bytes();
+        for (uint32_t i = 0; i < loaded; ++i) {
+          const int t = src->source[i];
+          if (t >= 0 && t < kMaxTiers) ++r.loaded_by_tier[t];
+        }
+        for (uint32_t i = loaded; i < want; ++i) ++r.load_failed_blocks;
+      } else {
+        r.load_failed_blocks = want;
+      }
+    }
+  }
+  lookup = Status::NotFound("released");  // unpin before computing
+  r.loaded_blocks = loaded;
+  const double t_load = NowS();
+  r.load_s = t_load - t_lookup;
+
+  // Compute the head [resident, load_begin) and everything after the loaded run.
+  const uint32_t load_end = load_begin + loaded;
+  std::vector<float>& logits = r.logits;
+  for (uint32_t b = resident; b < prompt_blocks; ++b) {
+    if (b >= load_begin && b < load_end) continue;
+    const uint32_t begin = b * bt, end = std::min(n, begin + bt);
+    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(prompt.subspan(begin, end - begin), begin, table,
+                                               pool_.get(), end == n ? &logits : nullptr));
+    r.computed_tokens += end - begin;
+  }
+  const double t_compute = NowS();
+  r.compute_s = t_compute - t_load;
+  r.ttft_s = t_compute - t0;
+
+  // Publish the prompt's full blocks; store the computed ones down the tiers.
+  if (opt.use_pool) {
+    for (uint32_t b = resident; b < full; ++b) pool_->Register(table[b], keys[b], b);
+  }
+  if (use_cache && !options_.write_back) {
+    auto store = [&](uint32_t from, uint32_t to) {
+      if (from >= to) return;
+      std::vector<ConstBlock> blocks;
+      for (uint32_t b = from; b < to; ++b) blocks.push_back(pool_->block(table[b]));
+      Result<StoreResult> sr = cache_->StoreKeys(
+          std::span<const BlockKey>(keys).subspan(from, to - from), blocks, from, opt.request);
+      if (sr.ok()) {
+        r.stored_blocks += sr->stored_blocks;
+        r.bytes_stored += uint64_t{sr->stored_blocks} * pool_->block_bytes();
+      }
+    };
+    store(resident, std::min(load_begin, full));
+    store(std::min(load_end, full), full);
+  }
+  const double t_store = NowS();
+  r.store_s = t_store - t_compute;
+
+  // Greedy decode; the first token comes from the prompt's logits.
+  std::vector<float> step;
+  TokenId tok = Argmax(logits);
+  r.generated.push_back(tok);
+  for (uint32_t k = 1; k < decode; ++k) {
+    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(std::span<const TokenId>(&tok, 1), n + k - 1, table,
+                                               pool_.get(), &step));
+    tok = Argmax(step);
+    r.generated.push_back(tok);
+  }
+  r.decode_s = NowS() - t_store;
+  return r;
+}
+
+}  // namespace kvtier::engine

@@ -1,0 +1,83 @@
+// Measurements on a live Engine + Cache: calibration of the planner's cost profile, and the
+// load-vs-recompute crossover sweep that checks the planner against what really happened.
+//
+// Every figure comes from real runs in this process: TTFT of a full recompute, TTFT of the
+// same prompt served from a tier (cold pool, so the tier really serves it), and the bits of
+// both logits compared.
+//
+// Thread-safety: none; these drive the engine from the calling thread.
+#ifndef KVTIER_ENGINE_MEASURE_H_
+#define KVTIER_ENGINE_MEASURE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "kvtier/cache.h"
+#include "kvtier/planner.h"
+
+namespace kvtier::engine {
+
+// done/total progress of a long measurement.
+using ProgressFn = std::function<void(double done, double total)>;
+
+// Deterministic pseudo-random prompt of n tokens (salt separates prompts).
+std::vector<TokenId> SyntheticTokens(uint32_t n, uint32_t vocab, uint64_t salt);
+
+struct TierSample {
+  std::string tier;
+  uint32_t blocks = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;  // median Lookup + Load
+};
+
+struct CalibrationOptions {
+  std::vector<uint32_t> prompt_lengths = {64, 256, 1024};  // full prefills
+  uint32_t context_tokens = 1024;   // plus one block computed after this much loaded context
+  uint32_t tier_batch_blocks = 32;  // bandwidth from a batch this large vs one block
+  int reps = 3;
+  std::string machine;
+};
+
+struct Calibration {
+  CostProfile profile;
+  std::vector<PrefillSample> prefill;
+  std::vector<TierSample> tiers;
+  double memcpy_bytes_per_s = 0;  // same-run baseline: streaming memcpy of a tier batch
+};
+
+// Measures the engine's prefill time against prompt length and context, and Lookup + Load
+// latency and bandwidth of every tier of the cache (attached to the engine), and fits the
+// profile. The pool must have room for context_tokens + 2 blocks and tier_batch_blocks.
+Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& options,
+                              const ProgressFn& progress = nullptr);
+
+struct CrossoverPoint {
+  uint32_t tokens = 0;
+  double load_s = 0;       // TTFT with the prefix loaded from the tier
+  double recompute_s = 0;  // TTFT of a full recompute
+  double split_s = -1;     // measured only when the planner chose a split
+  Plan plan;
+  double chosen_s = 0;  // the measured TTFT of the planner's choice
+  uint32_t loaded_blocks = 0;
+  bool bit_exact = false;  // load-path logits == recompute logits (memcmp)
+};
+
+struct CrossoverResult {
+  std::vector<CrossoverPoint> points;
+  double regret_pct = 0;  // 100 * (sum chosen - sum min) / sum min
+  double sweep_s = 0;
+  std::string ToJson() const;
+};
+
+// For each length: a full recompute (which stores its blocks), then a cold-pool turn that
+// loads the prefix from the cache's tiers; medians over reps (1 for lengths above 2048).
+Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
+                                     const std::vector<uint32_t>& lengths, int reps,
+                                     const ProgressFn& progress = nullptr);
+
+}  // namespace kvtier::engine
+
+#endif  // KVTIER_ENGINE_MEASURE_H_

@@ -1,0 +1,67 @@
+// Model: the forward pass of the reference transformer over KV in a KvPool.
+//
+// The unit of work is a chunk: the tokens [pos, pos + n) of a sequence, all inside one KV
+// block (pos / block_tokens == (pos + n - 1) / block_tokens). Prefill runs one chunk per block,
+// aligned to absolute block boundaries; decode runs chunks of one token. ForwardChunk is a
+// pure function of (the chunk's tokens, pos, n, the KV of earlier positions, the thread
+// count): every sgemm it issues has shapes fixed by (pos, n) alone, and attention gathers the
+// K and V of positions [0, pos + n) from the blocks in order 0, 1, 2, ... and runs one scores
+// sgemm and one P*V sgemm over them per KV head. So a chunk computed after its prefix was loaded
+// from a tier does exactly the arithmetic it does in a full prefill, and its logits match bit for
+// bit.
+//
+// Thread-safety: none (scratch buffers are members); use one Model per thread. OpenBLAS's
+// thread count is process-global: SetBlasThreads() before any forward pass.
+#ifndef KVTIER_ENGINE_MODEL_H_
+#define KVTIER_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/kv_pool.h"
+#include "engine/weights.h"
+#include "kvtier/block_key.h"
+#include "kvtier/status.h"
+
+namespace kvtier::engine {
+
+// openblas_set_num_threads(threads); results are deterministic for a given count.
+void SetBlasThreads(int threads);
+int BlasThreads();
+
+class Model {
+ public:
+  // InvalidArgument when the config is bad or the weights do not fit it.
+  // The weights are shared (read-only) between models, e.g. an engine and its reference.
+  static Result<Model> Create(ModelConfig config, std::shared_ptr<const Weights> weights);
+
+  const ModelConfig& config() const { return config_; }
+  const Weights& weights() const { return *weights_; }
+  std::shared_ptr<const Weights> shared_weights() const { return weights_; }
+
+  // Runs tokens at positions [pos, pos + tokens.size()) through every layer, writing their K
+  // and V into pool blocks table[pos / bt] and reading earlier positions' KV from
+  // table[0 .. pos / bt]. When logits is not null it receives the vocab_size logits of the
+  // last token. InvalidArgument when the chunk spans two blocks, a token is out of the
+  // vocabulary, the table is too short or the position is past max_positions.
+  Status ForwardChunk(std::span<const TokenId> tokens, uint32_t pos, std::span<const BlockId> table,
+                      KvPool* pool, std::vector<float>* logits);
+
+ private:
+  Model(ModelConfig config, std::shared_ptr<const Weights> weights);
+  void Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const BlockId> table,
+                 KvPool* pool);
+
+  ModelConfig config_;
+  std::shared_ptr<const Weights> weights_;
+  std::vector<float> inv_freq_;  // RoPE: theta^(-2i/head_dim)
+  // Scratch, resized on demand.
+  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_, inv_sum_;
+};
+
+}  // namespace kvtier::engine
+
+#endif  // KVTIER_ENGINE_MODEL_H_

@@ -1,0 +1,31 @@
+// Building an Engine with a Cache of kvtier's embedded default tiers (host DRAM), or of the
+// tiers of a YAML cache config (include/kvtier/config.h), for the CLI and benchmarks.
+//
+// Thread-safety: none. Ownership: EngineSetup owns both; the engine points at the cache, so
+// the cache is declared first and destroyed last.
+#ifndef KVTIER_ENGINE_SETUP_H_
+#define KVTIER_ENGINE_SETUP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "kvtier/cache.h"
+
+namespace kvtier::engine {
+
+struct EngineSetup {
+  std::unique_ptr<Cache> cache;
+  std::unique_ptr<Engine> engine;
+};
+
+// host_bytes: capacity of the embedded host tier when config_path is empty. With a config,
+// its tiers (and write mode) are used and its layout is replaced by the engine's (the engine
+// decides the shape of its KV). Errors name the file or option at fault.
+Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_bytes,
+                                const std::string& config_path = "");
+
+}  // namespace kvtier::engine
+
+#endif  // KVTIER_ENGINE_SETUP_H_

@@ -1,0 +1,184 @@
+// Planner: the cheapest of load / recompute / split under the calibrated cost model, profile
+// JSON, and the prefill fit.
+#include "kvtier/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace kvtier {
+namespace {
+
+CostProfile Profile(double bytes_per_s, double latency_s = 0) {
+  CostProfile p;
+  p.machine = "test";
+  p.model = "m";
+  p.block_tokens = 64;
+  p.block_bytes = 1 << 20;
+  p.prefill = {1e-3, 1e-5, 1e-8};
+  p.tiers.push_back({"host", latency_s, bytes_per_s});
+  return p;
+}
+
+PlanRequest Request(uint32_t tokens, uint32_t blocks, int tier = 0, uint32_t resident = 0) {
+  PlanRequest r;
+  r.prompt_tokens = tokens;
+  r.resident_blocks = resident;
+  r.block_tier.assign(blocks, tier);
+  return r;
+}
+
+// The cost of recomputing r of the run's blocks and loading the rest, by the formula.
+double CostOf(const CostProfile& p, const PlanRequest& req, uint32_t run, uint32_t r) {
+  const double bt = p.block_tokens, c0 = req.resident_blocks * bt, end = c0 + run * bt;
+  double load = 0;
+  if (r < run) {
+    load = p.tiers[0].latency_s + (run - r) * double(p.block_bytes) / p.tiers[0].bytes_per_s;
+  }
+  return p.prefill.fixed_s + p.prefill.Compute(r * bt, c0) + load +
+         p.prefill.Compute(req.prompt_tokens - end, end);
+}
+
+TEST(Planner, FastTierLoadsEverything) {
+  Planner planner(Profile(100e9));
+  Plan plan = planner.Choose(Request(64 * 10 + 5, 10));
+  EXPECT_EQ(plan.choice, PlanChoice::kLoad);
+  EXPECT_EQ(plan.load_blocks, 10u);
+  EXPECT_EQ(plan.recompute_blocks, 0u);
+  EXPECT_LT(plan.predicted_s, plan.recompute_all_s);
+  EXPECT_DOUBLE_EQ(plan.predicted_s, plan.load_all_s);
+}
+
+TEST(Planner, SlowTierRecomputes) {
+  Planner planner(Profile(1e6, 0.5));
+  Plan plan = planner.Choose(Request(64 * 4 + 1, 4));
+  EXPECT_EQ(plan.choice, PlanChoice::kRecompute);
+  EXPECT_EQ(plan.load_blocks, 0u);
+  EXPECT_EQ(plan.recompute_blocks, 4u);
+  EXPECT_DOUBLE_EQ(plan.predicted_s, plan.recompute_all_s);
+}
+
+TEST(Planner, SplitRecomputesTheCheapHeadAndLoadsTheTail) {
+  // Loading costs 1 ms a block; computing a block costs less than that below ~22 blocks of
+  // context and more above, so the best plan recomputes a head and loads the tail.
+  CostProfile p = Profile(1e9 * 1.048576);
+  p.prefill = {1e-3, 1e-6, 1e-8};
+  Planner planner(p);
+  PlanRequest req = Request(64 * 40 + 1, 40);
+  Plan plan = planner.Choose(req);
+  EXPECT_EQ(plan.choice, PlanChoice::kSplit) << plan.ToString();
+  EXPECT_EQ(plan.recompute_blocks + plan.load_blocks, 40u);
+  double best = std::numeric_limits<double>::infinity();
+  uint32_t best_r = 0;
+  for (uint32_t r = 0; r <= 40; ++r) {
+    const double c = CostOf(p, req, 40, r);
+    if (c < best - 1e-15) {
+      best = c;
+      best_r = r;
+    }
+  }
+  EXPECT_EQ(plan.recompute_blocks, best_r);
+  EXPECT_NEAR(plan.predicted_s, best, 1e-12);
+  EXPECT_GT(best_r, 15u);
+  EXPECT_LT(best_r, 30u);
+  EXPECT_LT(plan.predicted_s, plan.load_all_s);
+  EXPECT_LT(plan.predicted_s, plan.recompute_all_s);
+}
+
+TEST(Planner, NeverLoadsTheLastTokensBlockAndStopsAtUnknownTiers) {
+  Planner planner(Profile(100e9));
+  Plan plan = planner.Choose(Request(128, 2));  // block 1 holds token 127
+  EXPECT_EQ(plan.load_blocks, 1u);
+  PlanRequest req = Request(64 * 8 + 1, 6);
+  req.block_tier[3] = 7;  // no such tier in the profile
+  plan = planner.Choose(req);
+  EXPECT_EQ(plan.load_blocks, 3u);
+  EXPECT_EQ(planner.Choose(Request(64, 0)).choice, PlanChoice::kRecompute);
+  // Resident blocks are free and shift the run.
+  plan = planner.Choose(Request(64 * 8 + 1, 6, 0, /*resident=*/2));
+  EXPECT_EQ(plan.load_blocks, 6u);
+}
+
+TEST(Planner, InvalidProfileAlwaysRecomputesAndDecisionsAreReported) {
+  CostProfile bad = Profile(100e9);
+  bad.tiers[0].bytes_per_s = 0;
+  EXPECT_FALSE(bad.Validate().ok());
+  int calls = 0;
+  Planner planner(bad, [&](const PlanRequest&, const Plan& p) {
+    ++calls;
+    EXPECT_EQ(p.choice, PlanChoice::kRecompute);
+  });
+  EXPECT_EQ(planner.Choose(Request(1000, 10)).load_blocks, 0u);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Planner, LatencyIsPaidOncePerTier) {
+  CostProfile p = Profile(100e9, 1e-4);
+  p.tiers.push_back({"disk", 2e-4, 50e9});
+  Planner planner(p);
+  EXPECT_NEAR(planner.LoadSeconds(0, 4), 1e-4 + 4.0 * (1 << 20) / 100e9, 1e-12);
+  EXPECT_EQ(planner.LoadSeconds(1, 0), 0);
+  PlanRequest req = Request(64 * 5 + 1, 4);
+  req.block_tier = {0, 0, 1, 1};
+  Plan plan = planner.Choose(req);
+  ASSERT_EQ(plan.choice, PlanChoice::kLoad);
+  const double want = p.prefill.fixed_s + p.prefill.Compute(65, 256) + planner.LoadSeconds(0, 2) +
+                      planner.LoadSeconds(1, 2);
+  EXPECT_NEAR(plan.load_all_s, want, 1e-12);
+}
+
+TEST(PlannerProfile, JsonRoundTripAndNamedErrors) {
+  CostProfile p = Profile(7.5e9, 2e-5);
+  p.threads = 2;
+  Result<CostProfile> back = ParseCostProfile(CostProfileToJson(p), "x.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->block_bytes, p.block_bytes);
+  EXPECT_EQ(back->threads, 2);
+  EXPECT_DOUBLE_EQ(back->prefill.per_token_context_s, p.prefill.per_token_context_s);
+  ASSERT_EQ(back->tiers.size(), 1u);
+  EXPECT_EQ(back->tiers[0].name, "host");
+  EXPECT_DOUBLE_EQ(back->tiers[0].bytes_per_s, 7.5e9);
+  EXPECT_EQ(back->FindTier("host"), 0);
+  EXPECT_EQ(back->FindTier("disk"), -1);
+
+  Status st = ParseCostProfile(
+                  R"({"block_tokens": 64, "block_bytes": 10,
+                      "prefill": {"fixed_s": 0, "per_token_s": "fast", "per_token_context_s": 0}})",
+                  "cal.json")
+                  .status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("cal.json.prefill.per_token_s"), std::string::npos) << st.message();
+  st = ParseCostProfile("{not json", "cal.json").status();
+  EXPECT_NE(st.message().find("cal.json"), std::string::npos);
+  st = ParseCostProfile(
+           R"({"block_tokens": 64, "block_bytes": 10,
+               "prefill": {"fixed_s": 0, "per_token_s": 1, "per_token_context_s": 0},
+               "tiers": [{"name": "host", "latency_s": 0, "bytes_per_s": -1}]})",
+           "cal.json")
+           .status();
+  EXPECT_NE(st.message().find("tiers[0].bytes_per_s"), std::string::npos) << st.message();
+  EXPECT_EQ(LoadCostProfile("/nonexistent/kvtier.json").status().code(), StatusCode::kNotFound);
+}
+
+TEST(PlannerProfile, FitRecoversTheCoefficients) {
+  const PrefillCost truth{0.004, 2.5e-4, 3e-8};
+  std::vector<PrefillSample> samples;
+  for (double t : {64.0, 256.0, 1024.0, 4096.0}) {
+    for (double c : {0.0, 2048.0}) {
+      samples.push_back({t, c, truth.fixed_s + truth.Compute(t, c)});
+    }
+  }
+  Result<PrefillCost> fit = FitPrefillCost(samples);
+  ASSERT_TRUE(fit.ok()) << fit.status().ToString();
+  EXPECT_NEAR(fit->fixed_s, truth.fixed_s, truth.fixed_s * 1e-6);
+  EXPECT_NEAR(fit->per_token_s, truth.per_token_s, truth.per_token_s * 1e-6);
+  EXPECT_NEAR(fit->per_token_context_s, truth.per_token_context_s,
+              truth.per_token_context_s * 1e-6);
+  EXPECT_FALSE(FitPrefillCost({samples[0], samples[1]}).ok());
+  std::vector<PrefillSample> same(4, samples[0]);  // one point repeated: singular
+  EXPECT_FALSE(FitPrefillCost(same).ok());
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -1,0 +1,78 @@
+// Flags shared by the engine subcommands (demo, engine crossover/run, calibrate).
+#ifndef KVTIER_TOOLS_ENGINE_COMMON_H_
+#define KVTIER_TOOLS_ENGINE_COMMON_H_
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "engine/blas_setup.h"
+#include "engine/engine.h"
+#include "kvtier/layout.h"
+#include "kvtier/planner.h"
+
+namespace kvtier::cli {
+
+struct EngineFlags {
+  engine::EngineOptions options;
+  std::string host_capacity;
+  std::string config;
+  std::string profile;  // planner cost profile (kvtier calibrate --json)
+
+  void Add(CLI::App* app, uint64_t default_pool_blocks, std::string default_host = "512MiB") {
+    options.pool_blocks = default_pool_blocks;
+    host_capacity = std::move(default_host);
+    app->add_option("--model", options.model, "Engine preset: tiny or small")
+        ->capture_default_str();
+    app->add_option("--gguf", options.gguf, "Llama GGUF file (F32/F16) instead of a preset");
+    app->add_option("--seed", options.seed, "Seed of the random weights")->capture_default_str();
+    app->add_option("--threads", options.threads,
+                    "OpenBLAS threads (results are bit-exact "
+                    "for a given count)")
+        ->capture_default_str();
+    app->add_option("--block-tokens", options.block_tokens, "Tokens per KV block")
+        ->capture_default_str();
+    app->add_option("--pool-blocks", options.pool_blocks,
+                    "Capacity of the engine's KV pool (the \"HBM\"), in blocks")
+        ->capture_default_str();
+    app->add_option("--host-capacity", host_capacity, "Capacity of the embedded host tier")
+        ->capture_default_str();
+    app->add_option("--config", config,
+                    "Cache YAML (tiers, write mode) instead of the embedded host tier");
+    app->add_flag("--write-back", options.write_back,
+                  "Store blocks when the pool evicts them instead of after prefill");
+    app->add_option("--profile", profile,
+                    "Planner cost profile from 'kvtier calibrate --json' (default: load every "
+                    "cached block)");
+  }
+
+  // Gives the engine a planner from --profile; false (after printing why) when it cannot.
+  bool ApplyProfile(engine::Engine* e) const {
+    if (profile.empty()) return true;
+    Result<CostProfile> p = LoadCostProfile(profile);
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
+      return false;
+    }
+    e->SetPlanner(std::make_shared<const Planner>(*p));
+    return true;
+  }
+};
+
+// Before anything touches OpenBLAS: the faster kernels when OpenBLAS misdetected the CPU.
+inline void PrepareBlas() { engine::ReexecWithFasterBlasIfNeeded(); }
+
+inline bool ParseSize(const std::string& text, const char* flag, uint64_t* out) {
+  Result<uint64_t> v = ParseByteSize(text);
+  if (!v.ok()) {
+    std::fprintf(stderr, "%s: %s\n", flag, v.status().ToString().c_str());
+    return false;
+  }
+  *out = *v;
+  return true;
+}
+
+}  // namespace kvtier::cli
+
+#endif  // KVTIER_TOOLS_ENGINE_COMMON_H_
