@@ -23,14 +23,9 @@ struct CalibrateFlags {
 int RunCalibrate(const CalibrateFlags& f) {
   using namespace kvtier;
   cli::PrepareBlas();
-  uint64_t host_bytes = 0;
-  if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &host_bytes)) return 2;
-  Result<engine::EngineSetup> setup =
-      engine::BuildEngine(f.engine.options, host_bytes, f.engine.config);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "calibrate: %s\n", setup.status().ToString().c_str());
-    return 1;
-  }
+  int rc = 0;
+  std::optional<engine::EngineSetup> setup = f.engine.Build("calibrate", &rc);
+  if (!setup) return rc;
   engine::Engine& e = *setup->engine;
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);

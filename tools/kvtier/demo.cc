@@ -23,14 +23,9 @@ struct DemoFlags {
 
 int RunDemo(const DemoFlags& f) {
   cli::PrepareBlas();
-  uint64_t host_bytes = 0;
-  if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &host_bytes)) return 2;
-  Result<engine::EngineSetup> setup =
-      engine::BuildEngine(f.engine.options, host_bytes, f.engine.config);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "demo: %s\n", setup.status().ToString().c_str());
-    return 1;
-  }
+  int rc = 0;
+  std::optional<engine::EngineSetup> setup = f.engine.Build("demo", &rc);
+  if (!setup) return rc;
   if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
   engine::EngineOptions ref_opt = f.engine.options;
   ref_opt.pool_blocks = 4096 / ref_opt.block_tokens + 64;  // any single prompt fits

@@ -47,14 +47,9 @@ int RunCrossoverCommand(CrossoverFlags f) {
   // The pool holds the longest prompt (the turn's own blocks) and the calibration's batches.
   f.engine.options.pool_blocks = std::max<uint64_t>(
       {f.engine.options.pool_blocks, (f.max_tokens + bt) / bt + 4, uint64_t{64}});
-  uint64_t host_bytes = 0;
-  if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &host_bytes)) return 2;
-  Result<engine::EngineSetup> setup =
-      engine::BuildEngine(f.engine.options, host_bytes, f.engine.config);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "crossover: %s\n", setup.status().ToString().c_str());
-    return 1;
-  }
+  int rc = 0;
+  std::optional<engine::EngineSetup> setup = f.engine.Build("crossover", &rc);
+  if (!setup) return rc;
   engine::Engine& e = *setup->engine;
   const uint64_t need = (uint64_t{f.max_tokens} / bt + 1) * e.layout().bytes_per_block();
   if (setup->cache->tier(0).capacity_bytes() < need) {
@@ -150,14 +145,9 @@ void PrintTurn(const engine::TurnRecord& r, const char* label, uint32_t bt) {
 
 int RunWorkloadCommand(const RunFlags& f) {
   cli::PrepareBlas();
-  uint64_t host_bytes = 0;
-  if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &host_bytes)) return 2;
-  Result<engine::EngineSetup> setup =
-      engine::BuildEngine(f.engine.options, host_bytes, f.engine.config);
-  if (!setup.ok()) {
-    std::fprintf(stderr, "engine run: %s\n", setup.status().ToString().c_str());
-    return 1;
-  }
+  int rc = 0;
+  std::optional<engine::EngineSetup> setup = f.engine.Build("engine run", &rc);
+  if (!setup) return rc;
   if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
   Result<std::unique_ptr<engine::Engine>> pool_only =
       engine::Engine::CreateSharing(*setup->engine, f.engine.options);

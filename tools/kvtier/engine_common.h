@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/blas_setup.h"
@@ -58,6 +59,10 @@ struct EngineFlags {
     e->SetPlanner(std::make_shared<const Planner>(*p));
     return true;
   }
+
+  // Parses --host-capacity and builds the engine with its Cache. On failure prints why,
+  // prefixed by `command`, sets *exit_code (2 for a bad flag, 1 otherwise), returns nullopt.
+  std::optional<engine::EngineSetup> Build(const char* command, int* exit_code) const;
 };
 
 // Before anything touches OpenBLAS: the faster kernels when OpenBLAS misdetected the CPU.
@@ -71,6 +76,22 @@ inline bool ParseSize(const std::string& text, const char* flag, uint64_t* out) 
   }
   *out = *v;
   return true;
+}
+
+inline std::optional<engine::EngineSetup> EngineFlags::Build(const char* command,
+                                                             int* exit_code) const {
+  uint64_t host_bytes = 0;
+  if (!ParseSize(host_capacity, "--host-capacity", &host_bytes)) {
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  Result<engine::EngineSetup> setup = engine::BuildEngine(options, host_bytes, config);
+  if (!setup.ok()) {
+    std::fprintf(stderr, "%s: %s\n", command, setup.status().ToString().c_str());
+    *exit_code = 1;
+    return std::nullopt;
+  }
+  return std::move(setup).value();
 }
 
 }  // namespace kvtier::cli
