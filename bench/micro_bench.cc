@@ -35,7 +35,7 @@ BENCHMARK(BM_HashPrefix)->Arg(1 << 14)->Arg(1 << 20);
 void BM_Match(benchmark::State& state) {
   auto chain = Chain(state.range(0));
   BlockIndex index;
-  for (auto& k : chain) index.AddTier(k, 0, 1, 0);
+  for (auto& k : chain) index.AddTier(k, 0, 0);
   MatchResult m;
   for (auto _ : state) {
     index.Match(chain, &m);
@@ -48,7 +48,7 @@ BENCHMARK(BM_Match)->Arg(15625)->Unit(benchmark::kMicrosecond);
 void BM_MatchAndPin(benchmark::State& state) {
   auto chain = Chain(state.range(0));
   BlockIndex index;
-  for (auto& k : chain) index.AddTier(k, 0, 1, 0);
+  for (auto& k : chain) index.AddTier(k, 0, 0);
   MatchResult m;
   for (auto _ : state) {
     PinSet pins;

@@ -22,10 +22,11 @@ namespace kvtier {
 inline constexpr int kMaxTiers = 8;
 using TierMask = uint32_t;  // bit t set: resident in tier t
 
+// 16 bytes, so an index slot (key + entry) is 32 and Match touches two per cache line. A block's
+// size is not kept: every block of a Cache has the layout's bytes_per_block().
 struct IndexEntry {
   TierMask tiers = 0;
   uint32_t pins = 0;
-  uint32_t size = 0;      // bytes of the block
   uint64_t checksum = 0;  // XXH3-64 of the bytes; 0 = not computed
 };
 
@@ -69,8 +70,8 @@ class BlockIndex {
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
 
-  // Marks key resident in tier (creating the entry). size/checksum are set when non-zero.
-  void AddTier(const BlockKey& key, int tier, uint32_t size, uint64_t checksum);
+  // Marks key resident in tier (creating the entry). checksum is set when non-zero.
+  void AddTier(const BlockKey& key, int tier, uint64_t checksum);
   // Clears tier from key's mask; drops the entry when no tier and no pin remain.
   // Returns true when the key was resident in that tier.
   bool RemoveTier(const BlockKey& key, int tier);

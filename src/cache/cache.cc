@@ -205,8 +205,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
       while (extra < rest.size() && found[extra]) ++extra;
       if (extra == 0) continue;
       for (uint32_t j = 0; j < extra; ++j) {
-        index_.AddTier(rest[j], st->index, static_cast<uint32_t>(options_.layout.bytes_per_block()),
-                       0);
+        index_.AddTier(rest[j], st->index, 0);
         masks.push_back(TierMask{1} << st->index);
       }
       PinSet more = index_.Pin(rest.subspan(0, extra));
@@ -443,7 +442,6 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
                               std::span<const uint64_t> checksums, uint64_t prefix_tokens,
                               std::span<Status> results, uint32_t* stored,
                               std::vector<PendingEvent>* events) {
-  const uint64_t block_bytes = options_.layout.bytes_per_block();
   const TierMask bit = TierMask{1} << st.index;
   std::vector<uint32_t> todo;
   MutexLock lock(&st.mu);
@@ -511,7 +509,7 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
     Status s = call.ok() ? ps[j] : call;
     results[i] = s;
     if (!s.ok()) continue;
-    index_.AddTier(keys[i], st.index, static_cast<uint32_t>(block_bytes), checksums[i]);
+    index_.AddTier(keys[i], st.index, checksums[i]);
     if (st.caps.managed_by_cache) {
       AccessHint hint;
       hint.position = i;

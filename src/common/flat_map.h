@@ -1,5 +1,7 @@
 // FlatKeyMap<V>: open-addressing hash map from BlockKey to a small value, linear probing with
-// backward-shift deletion (no tombstones), power-of-two capacity, load factor <= 3/4.
+// backward-shift deletion (no tombstones), power-of-two capacity, load factor at most
+// kMaxLoadEighths/8. The all-zero key marks an empty slot, so a slot is just key + value (an
+// IndexEntry slot is 32 B, two per cache line); the zero key itself lives in a side slot.
 // Inserts allocate only when the table grows; Reserve() up front makes them allocation-free.
 //
 // Thread-safety: none; callers lock. Pointers returned by Find/Insert are invalidated by the
@@ -16,13 +18,17 @@
 
 namespace kvtier {
 
-template <typename V>
+// kMaxLoadEighths: 6 (3/4) by default. A lookup-heavy map takes 3: linear-probe runs get short
+// enough that most lookups end at the home slot, which roughly halves a long Match.
+template <typename V, int kMaxLoadEighths = 6>
 class FlatKeyMap {
+  static_assert(kMaxLoadEighths >= 1 && kMaxLoadEighths <= 7);
+
  public:
   explicit FlatKeyMap(size_t expected = 16) { Rehash(CapacityFor(expected)); }
 
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_ + (zero_used_ ? 1 : 0); }
+  bool empty() const { return size() == 0; }
 
   void Reserve(size_t n) {
     size_t want = CapacityFor(n);
@@ -30,24 +36,29 @@ class FlatKeyMap {
   }
 
   V* Find(const BlockKey& key) {
+    if (IsEmptyKey(key)) [[unlikely]]
+      return zero_used_ ? &zero_value_ : nullptr;
     for (size_t i = Home(key);; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
-      if (!s.used) return nullptr;
       if (s.key == key) return &s.value;
+      if (IsEmptyKey(s.key)) return nullptr;
     }
   }
   const V* Find(const BlockKey& key) const { return const_cast<FlatKeyMap*>(this)->Find(key); }
   bool Contains(const BlockKey& key) const { return Find(key) != nullptr; }
 
-  void Prefetch(const BlockKey& key) const { __builtin_prefetch(&slots_[Home(key)]); }
-
   // Returns the value slot and whether it was newly inserted (then set to `value`).
   std::pair<V*, bool> Insert(const BlockKey& key, const V& value) {
-    if ((size_ + 1) * 4 > slots_.size() * 3) Rehash(slots_.size() * 2);
+    if (IsEmptyKey(key)) [[unlikely]] {
+      if (zero_used_) return {&zero_value_, false};
+      zero_used_ = true;
+      zero_value_ = value;
+      return {&zero_value_, true};
+    }
+    if ((size_ + 1) * 8 > slots_.size() * kMaxLoadEighths) Rehash(slots_.size() * 2);
     for (size_t i = Home(key);; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
-      if (!s.used) {
-        s.used = true;
+      if (IsEmptyKey(s.key)) {
         s.key = key;
         s.value = value;
         ++size_;
@@ -58,49 +69,58 @@ class FlatKeyMap {
   }
 
   bool Erase(const BlockKey& key) {
+    if (IsEmptyKey(key)) [[unlikely]] {
+      const bool had = zero_used_;
+      zero_used_ = false;
+      zero_value_ = V{};
+      return had;
+    }
     size_t i = Home(key);
     for (;; i = (i + 1) & mask_) {
-      if (!slots_[i].used) return false;
+      if (IsEmptyKey(slots_[i].key)) return false;
       if (slots_[i].key == key) break;
     }
     // Backward shift: pull later members of the probe run into the hole.
     for (size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
       Slot& sj = slots_[j];
-      if (!sj.used) break;
+      if (IsEmptyKey(sj.key)) break;
       size_t home = Home(sj.key);
       if (((j - home) & mask_) >= ((j - i) & mask_)) {
         slots_[i] = sj;
         i = j;
       }
     }
-    slots_[i].used = false;
+    slots_[i] = Slot{};
     --size_;
     return true;
   }
 
   void Clear() {
-    for (Slot& s : slots_) s.used = false;
+    for (Slot& s : slots_) s = Slot{};
     size_ = 0;
+    zero_used_ = false;
+    zero_value_ = V{};
   }
 
   template <typename F>
   void ForEach(F&& f) const {
+    if (zero_used_) f(BlockKey{}, zero_value_);
     for (const Slot& s : slots_)
-      if (s.used) f(s.key, s.value);
+      if (!IsEmptyKey(s.key)) f(s.key, s.value);
   }
 
   size_t MemoryBytes() const { return slots_.capacity() * sizeof(Slot); }
 
  private:
   struct Slot {
-    BlockKey key;
+    BlockKey key;  // {0, 0}: empty
     V value{};
-    bool used = false;
   };
 
+  static bool IsEmptyKey(const BlockKey& k) { return (k.lo | k.hi) == 0; }
   static size_t CapacityFor(size_t n) {
     size_t cap = 16;
-    while (cap * 3 < n * 4) cap *= 2;
+    while (cap * kMaxLoadEighths < n * 8) cap *= 2;
     return cap;
   }
   size_t Home(const BlockKey& k) const {
@@ -116,13 +136,15 @@ class FlatKeyMap {
     shift_ = 64 - __builtin_ctzll(cap);
     size_ = 0;
     for (const Slot& s : old)
-      if (s.used) Insert(s.key, s.value);
+      if (!IsEmptyKey(s.key)) Insert(s.key, s.value);
   }
 
   std::vector<Slot> slots_;
   size_t mask_ = 0;
   int shift_ = 60;
-  size_t size_ = 0;
+  size_t size_ = 0;  // keys in slots_ (the zero key is counted apart)
+  bool zero_used_ = false;
+  V zero_value_{};
 };
 
 }  // namespace kvtier

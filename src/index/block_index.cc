@@ -20,12 +20,12 @@ uint32_t AtomicLoad(const uint32_t& v) {
 }
 }  // namespace
 
-// Invariants: tiers, size and checksum change only under the exclusive lock; pins also change
+// Invariants: tiers and checksum change only under the exclusive lock; pins also change
 // under the shared lock through atomic_ref (relaxed: pins order nothing else, and eviction
 // reads them under the exclusive lock, which excludes every shared holder).
 struct BlockIndex::Shard {
   mutable SharedMutex mu;
-  FlatKeyMap<IndexEntry> map KVTIER_GUARDED_BY(mu);
+  FlatKeyMap<IndexEntry, 3> map KVTIER_GUARDED_BY(mu);
 };
 
 namespace {
@@ -46,12 +46,11 @@ BlockIndex::Shard& BlockIndex::ShardOf(const BlockKey& key) const {
   return shards_[(key.hi >> 32) & static_cast<uint64_t>(num_shards_ - 1)];
 }
 
-void BlockIndex::AddTier(const BlockKey& key, int tier, uint32_t size, uint64_t checksum) {
+void BlockIndex::AddTier(const BlockKey& key, int tier, uint64_t checksum) {
   Shard& s = ShardOf(key);
   WriterLock lock(&s.mu);
   IndexEntry* e = s.map.Insert(key, IndexEntry{}).first;
   e->tiers |= TierMask{1} << tier;
-  if (size) e->size = size;
   if (checksum) e->checksum = checksum;
 }
 
@@ -84,7 +83,6 @@ bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {
   if (!e) return false;
   // Field by field: pins may be changing under another shared holder.
   entry->tiers = e->tiers;
-  entry->size = e->size;
   entry->checksum = e->checksum;
   entry->pins = AtomicLoad(e->pins);
   return true;

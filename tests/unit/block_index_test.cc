@@ -20,10 +20,10 @@ std::vector<BlockKey> Chain(int n, uint64_t salt = 0) {
 TEST(BlockIndexTest, MatchGivesLongestPrefixPerTier) {
   BlockIndex index(4);
   auto c = Chain(10);
-  for (int i = 0; i < 10; ++i) index.AddTier(c[i], 1, 100, 0);  // all in tier 1
-  for (int i = 0; i < 4; ++i) index.AddTier(c[i], 0, 100, 0);   // head in tier 0
-  index.RemoveTier(c[7], 1);                                    // hole at 7
-  index.AddTier(c[7], 2, 100, 0);                               // ... filled by tier 2
+  for (int i = 0; i < 10; ++i) index.AddTier(c[i], 1, 0);  // all in tier 1
+  for (int i = 0; i < 4; ++i) index.AddTier(c[i], 0, 0);   // head in tier 0
+  index.RemoveTier(c[7], 1);                               // hole at 7
+  index.AddTier(c[7], 2, 0);                               // ... filled by tier 2
   MatchResult m;
   index.Match(c, &m);
   EXPECT_EQ(m.tier_prefix[0], 4u);
@@ -41,12 +41,11 @@ TEST(BlockIndexTest, MatchGivesLongestPrefixPerTier) {
 TEST(BlockIndexTest, EntryDropsWhenNoTierRemains) {
   BlockIndex index;
   auto c = Chain(1);
-  index.AddTier(c[0], 0, 64, 0xabc);
-  index.AddTier(c[0], 3, 0, 0);
+  index.AddTier(c[0], 0, 0xabc);
+  index.AddTier(c[0], 3, 0);
   IndexEntry e;
   ASSERT_TRUE(index.Get(c[0], &e));
   EXPECT_EQ(e.tiers, 0b1001u);
-  EXPECT_EQ(e.size, 64u);
   EXPECT_EQ(e.checksum, 0xabcu);
   EXPECT_TRUE(index.RemoveTier(c[0], 0));
   EXPECT_FALSE(index.RemoveTier(c[0], 0));
@@ -58,7 +57,7 @@ TEST(BlockIndexTest, EntryDropsWhenNoTierRemains) {
 TEST(BlockIndexTest, PinsBlockEvictionUntilReleased) {
   BlockIndex index;
   auto c = Chain(3);
-  for (auto& k : c) index.AddTier(k, 0, 1, 0);
+  for (auto& k : c) index.AddTier(k, 0, 0);
   {
     MatchResult m;
     PinSet pins;
@@ -77,7 +76,7 @@ TEST(BlockIndexTest, PinsBlockEvictionUntilReleased) {
 TEST(BlockIndexTest, EntryEvictedWhilePinnedIsDroppedOnUnpin) {
   BlockIndex index;
   auto c = Chain(1);
-  index.AddTier(c[0], 0, 1, 0);
+  index.AddTier(c[0], 0, 0);
   PinSet pins = index.Pin(c);
   index.RemoveTier(c[0], 0);  // a self-managed tier dropped it anyway
   EXPECT_EQ(index.size(), 1u);
@@ -88,7 +87,7 @@ TEST(BlockIndexTest, EntryEvictedWhilePinnedIsDroppedOnUnpin) {
 TEST(BlockIndexTest, LongChainsCrossChunks) {
   BlockIndex index;
   auto c = Chain(10000);
-  for (auto& k : c) index.AddTier(k, 0, 1, 0);
+  for (auto& k : c) index.AddTier(k, 0, 0);
   MatchResult m;
   index.Match(c, &m);
   EXPECT_EQ(m.any_prefix, 10000u);
@@ -101,12 +100,12 @@ TEST(BlockIndexTest, LongChainsCrossChunks) {
 TEST(BlockIndexTest, ConcurrentMatchAndUpdate) {
   BlockIndex index(8);
   auto c = Chain(2000);
-  for (auto& k : c) index.AddTier(k, 0, 1, 0);
+  for (auto& k : c) index.AddTier(k, 0, 0);
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (int r = 0; r < 200; ++r) {
       for (int i = 1000; i < 2000; ++i) index.RemoveTier(c[i], 0);
-      for (int i = 1000; i < 2000; ++i) index.AddTier(c[i], 0, 1, 0);
+      for (int i = 1000; i < 2000; ++i) index.AddTier(c[i], 0, 0);
     }
     stop = true;
   });

@@ -9,9 +9,11 @@ namespace kvtier {
 namespace {
 
 // Differential test against std::unordered_map: random inserts, finds and erases, with keys
-// from a small space so probe runs collide and backward-shift deletion is exercised.
-TEST(FlatKeyMapTest, MatchesUnorderedMap) {
-  FlatKeyMap<uint32_t> map;
+// from a small space (the zero key included) so probe runs collide and backward-shift deletion
+// is exercised, at the default and at the index's lower load factor.
+template <typename Map>
+void CheckAgainstUnorderedMap() {
+  Map map;
   std::unordered_map<BlockKey, uint32_t> model;
   std::mt19937_64 rng(7);
   for (int step = 0; step < 200000; ++step) {
@@ -47,12 +49,30 @@ TEST(FlatKeyMapTest, MatchesUnorderedMap) {
   EXPECT_EQ(seen, model.size());
 }
 
+TEST(FlatKeyMapTest, MatchesUnorderedMap) { CheckAgainstUnorderedMap<FlatKeyMap<uint32_t>>(); }
+TEST(FlatKeyMapTest, MatchesUnorderedMapAtLowLoad) {
+  CheckAgainstUnorderedMap<FlatKeyMap<uint32_t, 3>>();
+}
+
 TEST(FlatKeyMapTest, ZeroKeyIsAnOrdinaryKey) {
   FlatKeyMap<int> map;
   EXPECT_EQ(map.Find(BlockKey{}), nullptr);
   map.Insert(BlockKey{}, 5);
   ASSERT_NE(map.Find(BlockKey{}), nullptr);
   EXPECT_EQ(*map.Find(BlockKey{}), 5);
+  EXPECT_FALSE(map.Insert(BlockKey{}, 6).second);
+  EXPECT_EQ(map.size(), 1u);
+  int seen = 0;
+  map.ForEach([&](const BlockKey& k, int v) {
+    ++seen;
+    EXPECT_EQ(k, BlockKey{});
+    EXPECT_EQ(v, 5);
+  });
+  EXPECT_EQ(seen, 1);
+  EXPECT_TRUE(map.Erase(BlockKey{}));
+  EXPECT_FALSE(map.Erase(BlockKey{}));
+  EXPECT_EQ(map.Find(BlockKey{}), nullptr);
+  EXPECT_TRUE(map.empty());
 }
 
 }  // namespace
