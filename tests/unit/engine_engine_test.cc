@@ -12,6 +12,7 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/planner.h"
+#include "testing/redis_harness.h"
 #include "testing/test_util.h"
 
 namespace kvtier::engine {
@@ -136,6 +137,48 @@ TEST_F(EngineWithCache, DiskHitIsBitExactWithFullRecompute) {
   EXPECT_EQ(t2.loaded_blocks, 6u);
   EXPECT_EQ(t2.loaded_by_tier[0], 6u);
   EXPECT_TRUE(SameBits(t2.logits, Recompute(p2).logits));
+  ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
+}
+
+// The remote tier (a real redis-server) serves the prefix to a second Cache that never saw the
+// first turn, as a replica resuming another replica's session would.
+TEST_F(EngineWithCache, RemoteHitFromAnotherCacheIsBitExact) {
+  std::string reason = testing::RedisMissingReason();
+  if (!reason.empty()) GTEST_SKIP() << reason;
+  Result<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto remote_cache = [&] {
+    CacheOptions co;
+    co.layout = engine_->layout();
+    co.model_id = "tiny";
+    TierSpec remote;
+    remote.kind = "remote";
+    remote.capacity_bytes = 64ull << 20;
+    remote.params["url"] = (*server)->url();
+    co.tiers.push_back(remote);
+    Result<std::unique_ptr<Cache>> c = Cache::Open(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return std::move(c).value();
+  };
+  auto writer = remote_cache();
+  ASSERT_TRUE(engine_->AttachCache(writer.get()).ok());
+  auto p1 = Tokens(100, 31);
+  TurnResult t1 = engine_->RunTurn(p1).value();
+  EXPECT_EQ(t1.stored_blocks, 6u);
+  ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
+  engine_->pool().DropUnreferenced();
+
+  auto reader = remote_cache();  // an empty index: only Redis knows the blocks
+  ASSERT_TRUE(engine_->AttachCache(reader.get()).ok());
+  auto p2 = Extend(p1, t1, 23, 32);
+  TurnResult t2 = engine_->RunTurn(p2).value();
+  EXPECT_EQ(t2.pool_hit_blocks, 0u);
+  EXPECT_EQ(t2.loaded_blocks, 6u);
+  EXPECT_EQ(t2.loaded_by_tier[0], 6u);
+  EXPECT_EQ(t2.computed_tokens, p2.size() - 6 * kBlockTokens);
+  TurnResult ref = Recompute(p2);
+  EXPECT_TRUE(SameBits(t2.logits, ref.logits));
+  EXPECT_EQ(t2.generated, ref.generated);
   ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
 }
 
