@@ -95,41 +95,58 @@ bool BlockIndex::IsPinned(const BlockKey& key) const {
   return e && AtomicLoad(e->pins) > 0;
 }
 
-// Takes every shard's shared lock in ascending order (a fixed order: no lock cycles).
+// Below this many keys a call locks per key; from it on, every shard's lock (ascending, a fixed
+// order: no lock cycles) once per chunk, which is cheaper than a lock per key.
+template <typename Fn>
+void BlockIndex::ForEachShared(std::span<const BlockKey> keys,
+                               Fn&& fn) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+  Shard* const shards = shards_.get();
+  const uint64_t shard_mask = static_cast<uint64_t>(num_shards_ - 1);
+  auto shard_of = [&](const BlockKey& k) -> Shard& { return shards[(k.hi >> 32) & shard_mask]; };
+  if (keys.size() < static_cast<size_t>(num_shards_) * 4) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Shard& s = shard_of(keys[i]);
+      ReaderLock lock(&s.mu);
+      if (!fn(i, s.map.Find(keys[i]))) return;
+    }
+    return;
+  }
+  bool go = true;
+  for (size_t base = 0; base < keys.size() && go; base += kMatchChunk) {
+    const size_t end = std::min(keys.size(), base + kMatchChunk);
+    for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
+    for (size_t i = base; i < end; ++i) {
+      if (!fn(i, shard_of(keys[i]).map.Find(keys[i]))) {
+        go = false;
+        break;
+      }
+    }
+    for (int i = num_shards_; i-- > 0;) shards[i].mu.UnlockShared();
+  }
+}
+
 void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
-                           PinSet* pins) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+                           PinSet* pins) const {
   result->tier_prefix.fill(0);
   result->any_prefix = 0;
   result->masks.resize(chain.size());
   TierMask* masks = result->masks.data();
-  const uint64_t shard_mask = static_cast<uint64_t>(num_shards_ - 1);
-  Shard* const shards = shards_.get();
-  auto shard_of = [&](const BlockKey& k) -> Shard& { return shards[(k.hi >> 32) & shard_mask]; };
   TierMask alive = (TierMask{1} << kMaxTiers) - 1;  // tiers whose prefix is unbroken
   size_t matched = 0;
-  bool miss = false;
-  for (size_t base = 0; base < chain.size() && !miss; base += kMatchChunk) {
-    const size_t end = std::min(chain.size(), base + kMatchChunk);
-    for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
-    for (size_t i = base; i < end; ++i) {
-      IndexEntry* e = shard_of(chain[i]).map.Find(chain[i]);
-      const TierMask m = e ? e->tiers : 0;
-      if (m == 0) {
-        miss = true;
-        break;
-      }
-      for (TierMask broken = alive & ~m; broken; broken &= broken - 1)
-        result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(i);
-      alive &= m;
-      masks[i] = m;
-      if (pins) {
-        AtomicAdd(e->pins, 1);
-        pins->keys_.push_back(chain[i]);
-      }
-      matched = i + 1;
+  ForEachShared(chain, [&](size_t i, const IndexEntry* e) {
+    const TierMask m = e ? e->tiers : 0;
+    if (m == 0) return false;
+    for (TierMask broken = alive & ~m; broken; broken &= broken - 1)
+      result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(i);
+    alive &= m;
+    masks[i] = m;
+    if (pins) {
+      AtomicAdd(const_cast<IndexEntry*>(e)->pins, 1);
+      pins->keys_.push_back(chain[i]);
     }
-    for (int i = num_shards_; i-- > 0;) shards[i].mu.UnlockShared();
-  }
+    matched = i + 1;
+    return true;
+  });
   result->any_prefix = static_cast<uint32_t>(matched);
   result->masks.resize(matched);
   for (TierMask a = alive; a; a &= a - 1)
@@ -151,32 +168,29 @@ PinSet BlockIndex::Pin(std::span<const BlockKey> keys) {
   PinSet set;
   set.index_ = this;
   set.keys_.reserve(keys.size());
-  for (const BlockKey& k : keys) {
-    Shard& s = ShardOf(k);
-    ReaderLock lock(&s.mu);
-    IndexEntry* e = s.map.Find(k);
-    if (!e) continue;
-    AtomicAdd(e->pins, 1);
-    set.keys_.push_back(k);
-  }
+  ForEachShared(keys, [&](size_t i, const IndexEntry* e) {
+    if (e) {
+      AtomicAdd(const_cast<IndexEntry*>(e)->pins, 1);
+      set.keys_.push_back(keys[i]);
+    }
+    return true;
+  });
   return set;
 }
 
 void BlockIndex::Unpin(std::span<const BlockKey> keys) {
-  for (const BlockKey& k : keys) {
+  // Entries evicted while pinned (no tier left) are dropped once their last pin goes.
+  std::vector<BlockKey> orphans;
+  ForEachShared(keys, [&](size_t i, const IndexEntry* e) {
+    if (e && AtomicAdd(const_cast<IndexEntry*>(e)->pins, -1) == 0 && e->tiers == 0)
+      orphans.push_back(keys[i]);
+    return true;
+  });
+  for (const BlockKey& k : orphans) {
     Shard& s = ShardOf(k);
-    bool orphan = false;
-    {
-      ReaderLock lock(&s.mu);
-      IndexEntry* e = s.map.Find(k);
-      if (!e) continue;
-      orphan = AtomicAdd(e->pins, -1) == 0 && e->tiers == 0;
-    }
-    if (orphan) {  // evicted while pinned: drop the empty entry now
-      WriterLock lock(&s.mu);
-      IndexEntry* e = s.map.Find(k);
-      if (e && e->pins == 0 && e->tiers == 0) s.map.Erase(k);
-    }
+    WriterLock lock(&s.mu);
+    IndexEntry* e = s.map.Find(k);
+    if (e && e->pins == 0 && e->tiers == 0) s.map.Erase(k);
   }
 }
 

@@ -73,28 +73,45 @@ TEST(BlockIndexTest, PinsBlockEvictionUntilReleased) {
   EXPECT_TRUE(index.TryRemoveUnpinned(c[1], 0));
 }
 
+// 1 key takes the per-key locks, 1000 the all-shards path.
 TEST(BlockIndexTest, EntryEvictedWhilePinnedIsDroppedOnUnpin) {
-  BlockIndex index;
-  auto c = Chain(1);
-  index.AddTier(c[0], 0, 0);
-  PinSet pins = index.Pin(c);
-  index.RemoveTier(c[0], 0);  // a self-managed tier dropped it anyway
-  EXPECT_EQ(index.size(), 1u);
-  pins.Release();
-  EXPECT_EQ(index.size(), 0u);
+  for (size_t n : {size_t{1}, size_t{1000}}) {
+    BlockIndex index;
+    auto c = Chain(n);
+    for (auto& k : c) index.AddTier(k, 0, 0);
+    PinSet pins = index.Pin(c);
+    EXPECT_EQ(pins.size(), n);
+    for (auto& k : c) index.RemoveTier(k, 0);  // a self-managed tier dropped them anyway
+    EXPECT_EQ(index.size(), n);
+    pins.Release();
+    EXPECT_EQ(index.size(), 0u) << n;
+  }
 }
 
+// 40,000 keys span three Match chunks of 16,384.
 TEST(BlockIndexTest, LongChainsCrossChunks) {
   BlockIndex index;
-  auto c = Chain(10000);
+  auto c = Chain(40000);
   for (auto& k : c) index.AddTier(k, 0, 0);
+  for (size_t i = 20000; i < 40000; ++i) index.AddTier(c[i], 1, 0);
   MatchResult m;
   index.Match(c, &m);
-  EXPECT_EQ(m.any_prefix, 10000u);
-  EXPECT_EQ(m.tier_prefix[0], 10000u);
-  index.RemoveTier(c[9000], 0);
-  index.Match(c, &m);
-  EXPECT_EQ(m.any_prefix, 9000u);
+  EXPECT_EQ(m.any_prefix, 40000u);
+  EXPECT_EQ(m.tier_prefix[0], 40000u);
+  EXPECT_EQ(m.tier_prefix[1], 0u);
+  index.RemoveTier(c[35000], 0);
+  index.RemoveTier(c[35000], 1);
+  {
+    PinSet pins;
+    index.MatchAndPin(c, &m, &pins);
+    EXPECT_EQ(m.any_prefix, 35000u);
+    EXPECT_EQ(pins.size(), 35000u);
+    EXPECT_TRUE(index.IsPinned(c[34999]));
+    EXPECT_TRUE(index.IsPinned(c[17000]));
+    EXPECT_FALSE(index.IsPinned(c[35001]));
+  }
+  EXPECT_FALSE(index.IsPinned(c[34999]));
+  EXPECT_TRUE(index.TryRemoveUnpinned(c[34999], 0));
 }
 
 TEST(BlockIndexTest, ConcurrentMatchAndUpdate) {
