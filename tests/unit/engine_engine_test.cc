@@ -114,20 +114,28 @@ TEST_F(EngineWithCache, HostHitIsBitExactWithFullRecompute) {
   SetBlasThreads(1);
 }
 
+// A Cache over one tier of `kind` (64 MiB) with `params`.
+std::unique_ptr<Cache> SingleTierCache(const Engine& e, const std::string& kind,
+                                       std::map<std::string, std::string> params) {
+  CacheOptions co;
+  co.layout = e.layout();
+  co.model_id = "tiny";
+  TierSpec spec;
+  spec.kind = kind;
+  spec.capacity_bytes = 64ull << 20;
+  spec.params = std::move(params);
+  co.tiers.push_back(spec);
+  Result<std::unique_ptr<Cache>> c = Cache::Open(co);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
 // Each tier adds itself here: the disk tier (segment files) serves the prefix.
 TEST_F(EngineWithCache, DiskHitIsBitExactWithFullRecompute) {
   testing::TempDir dir;
-  CacheOptions co;
-  co.layout = engine_->layout();
-  co.model_id = "tiny";
-  TierSpec disk;
-  disk.kind = "disk";
-  disk.capacity_bytes = 64ull << 20;
-  disk.params["path"] = dir.path();
-  co.tiers.push_back(disk);
-  Result<std::unique_ptr<Cache>> cache = Cache::Open(co);
-  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-  ASSERT_TRUE(engine_->AttachCache(cache->get()).ok());
+  auto cache = SingleTierCache(*engine_, "disk", {{"path", dir.path()}});
+  ASSERT_NE(cache, nullptr);
+  ASSERT_TRUE(engine_->AttachCache(cache.get()).ok());
   auto p1 = Tokens(100, 21);
   TurnResult t1 = engine_->RunTurn(p1).value();
   EXPECT_EQ(t1.stored_blocks, 6u);
@@ -148,17 +156,7 @@ TEST_F(EngineWithCache, RemoteHitFromAnotherCacheIsBitExact) {
   Result<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start({});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   auto remote_cache = [&] {
-    CacheOptions co;
-    co.layout = engine_->layout();
-    co.model_id = "tiny";
-    TierSpec remote;
-    remote.kind = "remote";
-    remote.capacity_bytes = 64ull << 20;
-    remote.params["url"] = (*server)->url();
-    co.tiers.push_back(remote);
-    Result<std::unique_ptr<Cache>> c = Cache::Open(co);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return std::move(c).value();
+    return SingleTierCache(*engine_, "remote", {{"url", (*server)->url()}});
   };
   auto writer = remote_cache();
   ASSERT_TRUE(engine_->AttachCache(writer.get()).ok());
