@@ -355,16 +355,7 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
       last = ranges.status();
       continue;
     }
-    counters_.topology_refreshes.fetch_add(1, std::memory_order_relaxed);
-    MutexLock lock(&topo_mu_);
-    slot_node_.fill(kNoNode);
-    for (const SlotRange& range : *ranges) {
-      uint16_t n = InternNodeLocked(range.master);
-      for (int s = range.first; s <= range.last; ++s) slot_node_[s] = n;
-    }
-    cluster_ = true;
-    discovered_ = true;
-    last_refresh_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
+    InstallSlots(*ranges);
     return Status::Ok();
   }
   return last;
@@ -402,6 +393,21 @@ void RemoteTier::MaybeRefresh(int64_t deadline_ns) {
   (void)RefreshTopologyLocked(deadline_ns);
 }
 
+// Routes every slot by a CLUSTER SLOTS answer (from discovery or a refresh).
+void RemoteTier::InstallSlots(const std::vector<SlotRange>& ranges) {
+  counters_.topology_refreshes.fetch_add(1, std::memory_order_relaxed);
+  MutexLock lock(&topo_mu_);
+  slot_node_.fill(kNoNode);
+  for (const SlotRange& range : ranges) {
+    uint16_t n = InternNodeLocked(range.master);
+    for (int s = range.first; s <= range.last; ++s) slot_node_[s] = n;
+  }
+  cluster_ = true;
+  discovered_ = true;
+  stale_.store(false, std::memory_order_relaxed);
+  last_refresh_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
+}
+
 Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
   last_refresh_ns_.store(SteadyNowNs(), std::memory_order_relaxed);
   std::vector<Node*> candidates;
@@ -429,14 +435,7 @@ Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
       last = ranges.status();
       continue;
     }
-    counters_.topology_refreshes.fetch_add(1, std::memory_order_relaxed);
-    MutexLock lock(&topo_mu_);
-    slot_node_.fill(kNoNode);
-    for (const SlotRange& range : *ranges) {
-      uint16_t n = InternNodeLocked(range.master);
-      for (int s = range.first; s <= range.last; ++s) slot_node_[s] = n;
-    }
-    stale_.store(false, std::memory_order_relaxed);
+    InstallSlots(*ranges);
     return Status::Ok();
   }
   return last;

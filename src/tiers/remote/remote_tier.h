@@ -89,6 +89,8 @@ struct RemoteStats {
   uint64_t oom_rejections = 0;  // SETs refused at maxmemory
 };
 
+struct SlotRange;
+
 class RemoteTier final : public Tier {
  public:
   // Validates options and discovers the deployment (single node or cluster). InvalidArgument
@@ -129,6 +131,7 @@ class RemoteTier final : public Tier {
 
   Status Discover(int64_t deadline_ns);
   Status RefreshTopologyLocked(int64_t deadline_ns);
+  void InstallSlots(const std::vector<SlotRange>& ranges);
   void MaybeRefresh(int64_t deadline_ns);
   uint16_t InternNodeLocked(const NodeAddress& address) KVTIER_REQUIRES(topo_mu_);
 
