@@ -170,6 +170,13 @@ class Cache::Impl {
   // Frees room for `need` more blocks in a cache-managed tier; returns how many fit.
   size_t MakeRoom(TierState& st, size_t need, std::vector<PendingEvent>* events)
       KVTIER_REQUIRES(st.mu);
+  // Puts keys[todo[j]] and records the stored ones in the index and events; returns the
+  // positions j (last to first) whose Put succeeded.
+  std::vector<size_t> PutTodo(TierState& st, std::span<const BlockKey> keys,
+                              std::span<const ConstBlock> blocks,
+                              std::span<const uint64_t> checksums,
+                              const std::vector<uint32_t>& todo, std::span<Status> results,
+                              uint32_t* stored, std::vector<PendingEvent>* events);
   void DropBlock(TierState& st, const BlockKey& key);
   void EmitAll(const std::vector<PendingEvent>& events) {
     for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier);
@@ -444,56 +451,79 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
                               std::vector<PendingEvent>* events) {
   const TierMask bit = TierMask{1} << st.index;
   std::vector<uint32_t> todo;
-  MutexLock lock(&st.mu);
-  // Last to first: the chain's head ends most recent, so its tail is evicted first.
-  for (size_t i = keys.size(); i-- > 0;) {
-    IndexEntry e;
-    if (index_.Get(keys[i], &e) && (e.tiers & bit)) {
-      if (st.caps.managed_by_cache) st.policy->OnAccess(keys[i], AccessHint{});
-      results[i] = Status::Ok();
-      continue;
-    }
-    if (!st.admission.Admit(keys[i], prefix_tokens)) {
-      st.rejected.fetch_add(1, std::memory_order_relaxed);
-      results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
-      continue;
-    }
-    todo.push_back(static_cast<uint32_t>(i));
-  }
-  if (todo.empty()) return;
-  size_t fit = todo.size();
-  if (st.caps.managed_by_cache) fit = MakeRoom(st, todo.size(), events);
-  // todo is in last-to-first order; keep the head of the chain when room is short.
-  std::reverse(todo.begin(), todo.end());
-  if (fit < todo.size()) {
-    TierState* below = options_.write_mode == WriteMode::kWriteBack &&
-                               st.index + 1 < static_cast<int>(tiers_.size())
-                           ? tiers_[st.index + 1].get()
-                           : nullptr;
-    if (below) {
-      // Write-back: what cannot stay here would be a victim at once; it goes down directly.
-      std::vector<BlockKey> ok;
-      std::vector<ConstBlock> ob;
-      std::vector<uint64_t> oc;
-      for (size_t j = fit; j < todo.size(); ++j) {
-        ok.push_back(keys[todo[j]]);
-        ob.push_back(blocks[todo[j]]);
-        oc.push_back(checksums[todo[j]]);
+  {
+    MutexLock lock(&st.mu);
+    // Last to first: the chain's head ends most recent, so its tail is evicted first.
+    for (size_t i = keys.size(); i-- > 0;) {
+      IndexEntry e;
+      if (index_.Get(keys[i], &e) && (e.tiers & bit)) {
+        if (st.caps.managed_by_cache) st.policy->OnAccess(keys[i], AccessHint{});
+        results[i] = Status::Ok();
+        continue;
       }
-      std::vector<Status> os(ok.size());
-      uint32_t moved = 0;
-      StoreToTier(*below, ok, ob, oc, prefix_tokens, os, &moved, events);
-      st.writebacks.fetch_add(moved, std::memory_order_relaxed);
-      for (size_t j = fit; j < todo.size(); ++j) results[todo[j]] = os[j - fit];
-    } else {
-      for (size_t j = fit; j < todo.size(); ++j)
-        results[todo[j]] = Status::ResourceExhausted("tier '" + st.tier->name() + "': no room (" +
-                                                     std::to_string(st.tier->capacity_blocks()) +
-                                                     " blocks, the rest pinned)");
+      if (!st.admission.Admit(keys[i], prefix_tokens)) {
+        st.rejected.fetch_add(1, std::memory_order_relaxed);
+        results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
+        continue;
+      }
+      todo.push_back(static_cast<uint32_t>(i));
+    }
+    if (todo.empty()) return;
+    // todo is in last-to-first order; the Put goes first to last.
+    std::reverse(todo.begin(), todo.end());
+    if (st.caps.managed_by_cache) {
+      // Room, Put and policy change together: the policy's size is the tier's occupancy.
+      const size_t fit = MakeRoom(st, todo.size(), events);
+      if (fit < todo.size()) {
+        // Keep the head of the chain when room is short.
+        TierState* below = options_.write_mode == WriteMode::kWriteBack &&
+                                   st.index + 1 < static_cast<int>(tiers_.size())
+                               ? tiers_[st.index + 1].get()
+                               : nullptr;
+        if (below) {
+          // Write-back: what cannot stay here would be a victim at once; it goes down directly.
+          std::vector<BlockKey> ok;
+          std::vector<ConstBlock> ob;
+          std::vector<uint64_t> oc;
+          for (size_t j = fit; j < todo.size(); ++j) {
+            ok.push_back(keys[todo[j]]);
+            ob.push_back(blocks[todo[j]]);
+            oc.push_back(checksums[todo[j]]);
+          }
+          std::vector<Status> os(ok.size());
+          uint32_t moved = 0;
+          StoreToTier(*below, ok, ob, oc, prefix_tokens, os, &moved, events);
+          st.writebacks.fetch_add(moved, std::memory_order_relaxed);
+          for (size_t j = fit; j < todo.size(); ++j) results[todo[j]] = os[j - fit];
+        } else {
+          for (size_t j = fit; j < todo.size(); ++j)
+            results[todo[j]] = Status::ResourceExhausted(
+                "tier '" + st.tier->name() + "': no room (" +
+                std::to_string(st.tier->capacity_blocks()) + " blocks, the rest pinned)");
+        }
+      }
+      todo.resize(fit);
+      if (todo.empty()) return;
+      for (size_t j : PutTodo(st, keys, blocks, checksums, todo, results, stored, events)) {
+        AccessHint hint;
+        hint.position = todo[j];
+        st.policy->OnInsert(keys[todo[j]], hint);
+      }
+      return;
     }
   }
-  todo.resize(fit);
-  if (todo.empty()) return;
+  // A self-managed tier (disk, remote) bounds itself and is thread-safe: its Put runs outside
+  // st.mu, so concurrent Stores reach Redis or the SSD in parallel. A block it drops at once is
+  // a miss on Load, which keeps the index honest.
+  (void)PutTodo(st, keys, blocks, checksums, todo, results, stored, events);
+}
+
+std::vector<size_t> Cache::Impl::PutTodo(TierState& st, std::span<const BlockKey> keys,
+                                         std::span<const ConstBlock> blocks,
+                                         std::span<const uint64_t> checksums,
+                                         const std::vector<uint32_t>& todo,
+                                         std::span<Status> results, uint32_t* stored,
+                                         std::vector<PendingEvent>* events) {
   std::vector<BlockKey> pk;
   std::vector<ConstBlock> pb;
   pk.reserve(todo.size());
@@ -504,20 +534,18 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
   }
   std::vector<Status> ps(todo.size());
   Status call = st.tier->Put(pk, pb, ps);
+  std::vector<size_t> ok;
   for (size_t j = todo.size(); j-- > 0;) {
     const uint32_t i = todo[j];
     Status s = call.ok() ? ps[j] : call;
     results[i] = s;
     if (!s.ok()) continue;
     index_.AddTier(keys[i], st.index, checksums[i]);
-    if (st.caps.managed_by_cache) {
-      AccessHint hint;
-      hint.position = i;
-      st.policy->OnInsert(keys[i], hint);
-    }
+    ok.push_back(j);
     ++*stored;
     events->push_back({KvEvent::Type::kStored, keys[i], st.index});
   }
+  return ok;
 }
 
 Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
