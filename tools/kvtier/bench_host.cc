@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "command.h"
@@ -20,7 +21,7 @@ namespace {
 
 struct BenchHostOptions {
   bool json = false;
-  uint64_t working_set = 256ull << 20;
+  std::string working_set = "256MiB";
   int reps = 7;
 };
 
@@ -70,6 +71,14 @@ double MemcpyGbps(std::byte* dst, const std::byte* src, size_t block, size_t blo
 }
 
 int Run(const BenchHostOptions& o) {
+  // At least one block of the largest size (8 MiB) per repetition.
+  Result<uint64_t> working_set = ParseByteSize(o.working_set);
+  if (!working_set.ok() || *working_set < (8ull << 20)) {
+    std::fprintf(stderr,
+                 "kvtier bench host: --working-set: '%s' is not a byte size of 8MiB or more\n",
+                 o.working_set.c_str());
+    return 2;
+  }
   nlohmann::json out;
   out["host"] = nlohmann::json::array();
   if (!o.json)
@@ -80,7 +89,7 @@ int Run(const BenchHostOptions& o) {
     auto layout = LayoutPreset("llama-3.1-8b", tokens);
     if (!layout.ok()) return 1;
     const size_t block = layout->bytes_per_block();
-    const size_t blocks = o.working_set / block;
+    const size_t blocks = *working_set / block;
     Buffer src(block * blocks), dst(block * blocks), base_dst(block * blocks);
     std::vector<BlockKey> keys(blocks);
     std::vector<ConstBlock> in(blocks);
@@ -186,7 +195,8 @@ KVTIER_REGISTER_COMMAND(bench_host, ({"bench", "host"}),
                           app->add_flag("--json", o->json, "Print one JSON object");
                           app->add_option("--reps", o->reps, "Repetitions (median reported)")
                               ->check(CLI::Range(1, 100));
-                          app->add_option("--working-set", o->working_set,
-                                          "Bytes moved per repetition (default 256 MiB)");
+                          app->add_option(
+                              "--working-set", o->working_set,
+                              "Bytes moved per repetition, e.g. 64MiB (default 256MiB)");
                           return [o] { return kvtier::cli::Run(*o); };
                         });

@@ -7,6 +7,9 @@
 #include <map>
 #include <memory>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include "command.h"
 
 namespace kvtier::cli {
@@ -51,6 +54,8 @@ void Progress::Update(double done, double total) {
 
 int main(int argc, char** argv) {
   using kvtier::cli::Commands;
+  // Logs go to stderr: stdout carries results (--json, CSV) that other programs parse.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvtier"));
   CLI::App app{
       "kvtier: KV-cache offload for LLM inference - host DRAM, SSD and shared remote tiers.\n"
       "Run 'kvtier COMMAND --help' for a command's options."};
@@ -80,6 +85,20 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // "A subcommand is required" for a mistyped command would hide the typo: name it.
+    if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+      std::vector<std::string> rest = app.remaining(true);
+      if (!rest.empty()) {
+        std::string parent = "kvtier";
+        for (CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+          sub = sub->get_subcommands().front();
+          parent += " " + sub->get_name();
+        }
+        std::fprintf(stderr, "%s: unknown command '%s'; see '%s --help'\n", parent.c_str(),
+                     rest.front().c_str(), parent.c_str());
+        return 2;
+      }
+    }
     return app.exit(e);
   }
   if (chosen) exit_code = chosen();

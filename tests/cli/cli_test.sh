@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Runs the kvtier tool as a user would: every --json result must be one clean JSON document on
+# stdout (logs go to stderr), bad input must fail with a message naming it, and the main
+# commands must run end to end on tiny inputs.
+# Usage: cli_test.sh KVTIER_BINARY SHARED_TRACES_DIR
+set -u
+kvtier=$1
+traces=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*"
+  failures=$((failures + 1))
+}
+
+# expect_json NAME KEY... -- COMMAND...: the command exits 0 and its stdout parses as JSON
+# holding every KEY at the top level.
+expect_json() {
+  local name=$1
+  shift
+  local keys=()
+  while [ "$1" != "--" ]; do
+    keys+=("$1")
+    shift
+  done
+  shift
+  "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    fail "$name: exit $rc ($(tail -n 3 "$work/err"))"
+    return
+  fi
+  if ! python3 - "$work/out" "${keys[@]}" <<'PY'; then
+import json, sys
+doc = json.load(open(sys.argv[1]))
+missing = [k for k in sys.argv[2:] if k not in doc]
+if missing:
+    sys.exit("missing keys: %s" % missing)
+PY
+    fail "$name: stdout is not the JSON document expected: $(head -c 300 "$work/out")"
+    return
+  fi
+  echo "ok: $name"
+}
+
+# expect_error NAME PATTERN -- COMMAND...: the command exits non-zero and says PATTERN on stderr.
+expect_error() {
+  local name=$1 pattern=$2
+  shift 3
+  if "$@" >"$work/out" 2>"$work/err"; then
+    fail "$name: exited 0"
+    return
+  fi
+  if ! grep -q -- "$pattern" "$work/err"; then
+    fail "$name: stderr lacks '$pattern': $(head -c 300 "$work/err")"
+    return
+  fi
+  echo "ok: $name"
+}
+
+if ! command -v python3 >/dev/null; then
+  echo "SKIP: python3 is not installed (scripts/bootstrap installs it)"
+  exit 0
+fi
+
+"$kvtier" version >/dev/null || fail "version: exit $?"
+
+expect_json "bench host --json" host hash_ns_per_token match_1m_tokens_us -- \
+  "$kvtier" bench host --json --reps 1 --working-set 8MiB
+expect_json "bench disk --json" disk config -- \
+  "$kvtier" bench disk --dir "$work" --bytes 16MiB --chunks 2 --qd 1 --json
+
+if [ -d "$traces/mooncake" ]; then
+  expect_json "replay --cache-only --json" policies -- \
+    sh -c "'$kvtier' replay --cache-only '$traces/mooncake' --no-min --policy lru \
+      --json '$work/replay.json' >/dev/null && cat '$work/replay.json'"
+else
+  echo "skip: replay (no traces at $traces/mooncake)"
+fi
+
+printf '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\nnot json\n' \
+  >"$work/bad.jsonl"
+expect_error "malformed trace names file:line" "bad.jsonl:2" -- \
+  "$kvtier" replay --cache-only --format mooncake "$work/bad.jsonl"
+expect_error "unknown command is named" "unknown command 'no-such-command'" -- \
+  "$kvtier" no-such-command
+expect_error "bad --working-set is named" "working-set" -- \
+  "$kvtier" bench host --working-set lots
+expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
+
+expect_error "disk verify of a missing directory names it" "$work/nope" -- \
+  "$kvtier" disk verify "$work/nope"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"
