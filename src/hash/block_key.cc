@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "hash/xxh.h"
+#include "hash/xxh3_wide.h"
 
 namespace kvtier {
 namespace {
@@ -144,7 +145,7 @@ void HashPrefix(const BlockKey& root, uint32_t block_tokens, std::span<const Tok
 }
 
 uint64_t Checksum64(std::span<const std::byte> bytes) {
-  return XXH3_64bits(bytes.data(), bytes.size());
+  return WideXxh3(bytes.data(), bytes.size());
 }
 
 }  // namespace kvtier

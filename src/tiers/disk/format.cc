@@ -4,8 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "hash/xxh3_wide.h"
 
 namespace kvtier::disk {
 namespace {
@@ -35,18 +34,7 @@ T Get(std::span<const std::byte> page, size_t off) {
 
 }  // namespace
 
-#if defined(__x86_64__)
-uint64_t Xxh3Avx2(const void* data, size_t len);  // xxh3_avx2.cc
-
-uint64_t Xxh3(std::span<const std::byte> bytes) {
-  static const bool kAvx2 = __builtin_cpu_supports("avx2");
-  // Headers are short: the dispatch pays off only on payloads.
-  if (kAvx2 && bytes.size() >= 1024) return Xxh3Avx2(bytes.data(), bytes.size());
-  return XXH3_64bits(bytes.data(), bytes.size());
-}
-#else
-uint64_t Xxh3(std::span<const std::byte> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
-#endif
+uint64_t Xxh3(std::span<const std::byte> bytes) { return WideXxh3(bytes.data(), bytes.size()); }
 
 std::string_view ParseErrorName(ParseError e) {
   switch (e) {
