@@ -449,10 +449,11 @@ int Run(const Options& opt) {
     std::vector<Rep> reps;
     for (int rep = 0; rep < opt.reps; ++rep) {
       Rep r;
-      // Six configurations, as many as redis-benchmark gets: 1, 2 and 4 callers (2 to 8
-      // connections, as its 1 to 8 clients) with small and large batches.
-      for (Config c : {Config{1, 4}, Config{1, 16}, Config{2, 4}, Config{2, 16}, Config{4, 4},
-                       Config{4, 16}}) {
+      // Six configurations, as many as redis-benchmark gets: 1 to 8 callers of one block each
+      // (one value per connection in flight, as its 1 to 8 clients at -P 1, and a working set
+      // as small as its single key's), and batches of 4 and 16 (pipelined, like -P 16).
+      for (Config c :
+           {Config{1, 1}, Config{2, 1}, Config{4, 1}, Config{8, 1}, Config{4, 4}, Config{2, 16}}) {
         Result<TierRun> run = RunTier(**tier, c.threads, c.batch, opt.seconds, *size);
         if (!run.ok()) {
           std::fprintf(stderr, "kvtier bench remote: %s\n", run.status().ToString().c_str());

@@ -77,6 +77,7 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Open(const NodeAddress
 }
 
 Result<ReplyPtr> RedisConnection::Command(const std::vector<std::string>& argv) {
+  SetRecvLowWater(1);  // hiredis reads replies of any length
   std::vector<const char*> args;
   std::vector<size_t> lens;
   for (const std::string& a : argv) {
@@ -89,6 +90,11 @@ Result<ReplyPtr> RedisConnection::Command(const std::vector<std::string>& argv) 
                                (context_->err ? context_->errstr : "no reply"));
   }
   return ReplyPtr(static_cast<redisReply*>(raw));
+}
+
+void RedisConnection::SetRecvLowWater(int bytes) {
+  if (bytes == rcv_lowat_) return;
+  if (setsockopt(fd(), SOL_SOCKET, SO_RCVLOWAT, &bytes, sizeof(bytes)) == 0) rcv_lowat_ = bytes;
 }
 
 bool RedisConnection::Dead() const {

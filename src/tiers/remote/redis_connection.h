@@ -59,6 +59,10 @@ class RedisConnection {
 
   int fd() const;
   const NodeAddress& address() const { return address_; }
+  // The socket's SO_RCVLOWAT: poll() and recv() wait until this many bytes are queued. Raised
+  // only while a reply is known to carry at least that many more bytes; Command() and a return
+  // to the pool put it back to 1. A failed setsockopt leaves it as it was (a hint only).
+  void SetRecvLowWater(int bytes);
   RespReader& reader() { return reader_; }
 
   // True when the peer closed the connection or it is otherwise unusable (checked without
@@ -71,6 +75,7 @@ class RedisConnection {
   NodeAddress address_;
   redisContext* context_;
   RespReader reader_;
+  int rcv_lowat_ = 1;
 };
 
 }  // namespace kvtier::remote

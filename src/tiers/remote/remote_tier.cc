@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "hash/xxh.h"
+#include "hash/xxh3_wide.h"
 #include "tiers/remote/value_format.h"
 
 namespace kvtier::remote {
@@ -30,6 +31,8 @@ constexpr uint64_t kBigValueBytes = 32 * 1024;
 // (in 256 KiB stretches, eight sends a value, 2 MiB puts ran 15-20% slower on loopback, where
 // each send also runs the receiver's TCP path).
 constexpr uint64_t kChecksumAheadBytes = 256 * 1024;
+// A Get sleeps until this much of a block has arrived (SO_RCVLOWAT).
+constexpr size_t kRecvLowWaterBytes = 512 * 1024;
 
 void AppendBulk(std::string* out, std::string_view arg) {
   *out += '$';
@@ -483,6 +486,7 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
 
 void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const {
   std::unique_ptr<RedisConnection> drop;  // closed outside the lock
+  if (healthy && conn != nullptr) conn->SetRecvLowWater(1);
   MutexLock lock(&node->mu);
   if (healthy) {
     node->breaker.RecordSuccess();
@@ -558,8 +562,8 @@ void RemoteTier::BuildFlight(Batch& batch, Flight& flight) {
         XXH3_64bits_reset(&batch.hashes[i]);
         reader.Expect(BulkSink{batch.headers[i], batch.out[i], batch.trailers[i],
                                [](void* state, std::span<const std::byte> bytes) {
-                                 XXH3_64bits_update(static_cast<XXH3_state_t*>(state), bytes.data(),
-                                                    bytes.size());
+                                 WideXxh3Update(static_cast<XXH3_state_t*>(state), bytes.data(),
+                                                bytes.size());
                                },
                                &batch.hashes[i]});
         break;
@@ -620,7 +624,7 @@ void RemoteTier::ChecksumAhead(Batch& batch, Flight& f, uint64_t upto) {
     if (seg.begin + f.hashed >= upto) return;
     const uint64_t end = std::min(seg.len, upto - seg.begin);
     const std::byte* data = batch.blocks[seg.op].data();
-    XXH3_64bits_update(&batch.hashes[seg.op], data + f.hashed, end - f.hashed);
+    WideXxh3Update(&batch.hashes[seg.op], data + f.hashed, end - f.hashed);
     f.hashed = end;
     if (f.hashed < seg.len) return;
     batch.trailers[seg.op] = EncodeValueTrailer(XXH3_64bits_digest(&batch.hashes[seg.op]));
@@ -791,7 +795,13 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
       if (f.done) continue;
       short events = 0;
       if (f.sent < f.SendLimit()) events |= POLLOUT;
-      if (f.next_reply < f.replies.size()) events |= POLLIN;
+      if (f.next_reply < f.replies.size()) {
+        events |= POLLIN;
+        // While a block streams in, wake only once a large stretch of it has arrived: fewer
+        // wakeups and larger reads. Only bytes the reply must still carry are waited for.
+        f.conn->SetRecvLowWater(static_cast<int>(
+            std::clamp<size_t>(f.conn->reader().DirectBytesDue(), 1, kRecvLowWaterBytes)));
+      }
       pfds.push_back(pollfd{f.conn->fd(), events, 0});
       polled.push_back(&f);
     }

@@ -54,6 +54,13 @@ std::span<std::byte> RespReader::ReadTarget() {
   return std::span<std::byte>(buf_).subspan(end_);
 }
 
+size_t RespReader::DirectBytesDue() {
+  if (error_.ok() && state_ == State::kBulk && cur_.in_sink && begin_ == end_) {
+    return BulkRegion().size();
+  }
+  return 0;
+}
+
 Status RespReader::Commit(size_t n) {
   if (!error_.ok()) return error_;
   if (direct_) {

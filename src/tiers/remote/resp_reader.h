@@ -61,6 +61,9 @@ class RespReader {
   // Memory the next socket read should fill; never empty. Straight into a sink when a long bulk
   // is being read, else the reader's own buffer.
   std::span<std::byte> ReadTarget();
+  // Bytes that must still arrive for the sink region being read straight from the socket
+  // (the bulk's length is known), or 0 when the next read is not such a direct read.
+  size_t DirectBytesDue();
 
   // n bytes (<= ReadTarget().size()) were written into ReadTarget(); parses them. Corruption
   // on a protocol error (not RESP, an array, or a reply nobody Expect()ed); sticky.
