@@ -116,6 +116,9 @@ void BlockIndex::ForEachShared(std::span<const BlockKey> keys,
     const size_t end = std::min(keys.size(), base + kMatchChunk);
     for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
     for (size_t i = base; i < end; ++i) {
+      // Four keys ahead: the 1M-token table (2 MiB) does not stay in a shared machine's L2,
+      // and a same-time A/B put a long Match 6% faster (medians of 16).
+      if (i + 4 < end) shard_of(keys[i + 4]).map.Prefetch(keys[i + 4]);
       if (!fn(i, shard_of(keys[i]).map.Find(keys[i]))) {
         go = false;
         break;
