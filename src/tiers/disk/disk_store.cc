@@ -479,6 +479,10 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     active_ = seg;
   }
   if (!hot.empty()) Reinsert(hot, removed);
+  {
+    MutexLock l(&mu_);
+    for (const auto& s : evicted) retiring_.erase(s->id);
+  }
   // Evicted files are unlinked only now: the hot blocks were read from them above. Readers
   // holding a segment keep its descriptor open until they finish.
   for (const auto& s : evicted) ::unlink(s->path.c_str());
@@ -508,6 +512,7 @@ void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
     evicted_blocks_.fetch_add(1, std::memory_order_relaxed);
   }
   sealed_bytes_ -= seg->bytes.load(std::memory_order_relaxed);
+  if (hot_bytes > 0) retiring_[id] = seg;
   segments_.erase(it);
   evicted_segments_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -717,13 +722,20 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
         results[i] = Status::NotFound("not on disk");
         continue;
       }
-      auto s = segments_.find(it->second.segment_id);
-      if (s == segments_.end()) {
+      std::shared_ptr<Segment> seg;
+      for (const auto* table : {&segments_, &retiring_}) {
+        auto s = table->find(it->second.segment_id);
+        if (s != table->end()) {
+          seg = s->second;
+          break;
+        }
+      }
+      if (seg == nullptr) {
         results[i] = Status::NotFound("segment evicted");
         continue;
       }
       it->second.accessed = true;
-      wants.push_back({i, it->second, s->second});
+      wants.push_back({i, it->second, std::move(seg)});
       results[i] = Status::Internal("read not completed");
     }
   }

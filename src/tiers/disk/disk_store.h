@@ -182,6 +182,9 @@ class DiskStore {
   mutable Mutex mu_;  // the index and the segment table; never held across I/O
   std::unordered_map<BlockKey, Location, BlockKeyHash> index_ KVTIER_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Segment>> segments_ KVTIER_GUARDED_BY(mu_);
+  // Evicted segments whose hot blocks are being copied forward: those blocks stay indexed at
+  // their old place and readable from here until the copy publishes the new one.
+  std::map<uint64_t, std::shared_ptr<Segment>> retiring_ KVTIER_GUARDED_BY(mu_);
   std::shared_ptr<Segment> active_ KVTIER_GUARDED_BY(mu_);
   uint64_t sealed_bytes_ KVTIER_GUARDED_BY(mu_) = 0;
 
