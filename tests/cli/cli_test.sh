@@ -6,7 +6,8 @@
 set -u
 kvtier=$1
 traces=$2
-work=$(mktemp -d)
+# /var/tmp: disk-backed on Debian (bench disk needs O_DIRECT, which older tmpfs lacks).
+work=$(mktemp -d -p "${TMPDIR:-/var/tmp}")
 trap 'rm -rf "$work"' EXIT
 failures=0
 
