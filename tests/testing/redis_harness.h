@@ -97,6 +97,31 @@ class RedisCluster {
   std::vector<std::unique_ptr<RedisServer>> nodes_;
 };
 
+// A server or cluster shared by the tests of a suite. Start() from SetUpTestSuite does nothing
+// when the binaries are missing (SetUp then skips with RedisMissingReason) and keeps the error
+// when the start failed; Stop() from TearDownTestSuite.
+template <typename T>
+class SuiteRedis {
+ public:
+  template <typename StartFn>
+  void Start(bool cluster, StartFn start) {
+    if (!RedisMissingReason(cluster).empty()) return;
+    Result<std::unique_ptr<T>> r = start();
+    if (r.ok()) {
+      value_ = std::move(*r);
+    } else {
+      error_ = r.status().ToString();
+    }
+  }
+  void Stop() { value_.reset(); }
+  T* get() const { return value_.get(); }
+  const std::string& start_error() const { return error_; }
+
+ private:
+  std::unique_ptr<T> value_;
+  std::string error_;
+};
+
 }  // namespace kvtier::testing
 
 #endif  // KVTIER_TESTING_REDIS_HARNESS_H_

@@ -115,28 +115,24 @@ uint32_t LoadExact(Cache& cache, uint64_t salt, const RequestOptions& req = {},
 class RemoteCacheTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (!RedisMissingReason(true).empty() || std::getenv(kChildUrlEnv) != nullptr) return;
-    Result<std::unique_ptr<RedisCluster>> c = RedisCluster::Start(3);
-    if (c.ok()) {
-      cluster_ = std::move(*c).release();
-    } else {
-      start_error_ = c.status().ToString();
-    }
+    if (std::getenv(kChildUrlEnv) != nullptr) return;  // a child uses the parent's cluster
+    shared_.Start(true, [] { return RedisCluster::Start(3); });
+    cluster_ = shared_.get();
   }
   static void TearDownTestSuite() {
-    delete cluster_;
+    shared_.Stop();
     cluster_ = nullptr;
   }
   void SetUp() override {
     std::string reason = RedisMissingReason(true);
     if (!reason.empty()) GTEST_SKIP() << reason;
-    ASSERT_NE(cluster_, nullptr) << start_error_;
+    ASSERT_NE(cluster_, nullptr) << shared_.start_error();
   }
   static RedisCluster* cluster_;
-  static std::string start_error_;
+  static testing::SuiteRedis<RedisCluster> shared_;
 };
 RedisCluster* RemoteCacheTest::cluster_ = nullptr;
-std::string RemoteCacheTest::start_error_;
+testing::SuiteRedis<RedisCluster> RemoteCacheTest::shared_;
 
 // Runs this binary again as a child, with only the child test enabled.
 int RunChild(const std::string& url, uint64_t salt) {

@@ -86,22 +86,17 @@ Round PutGet(RemoteTier& tier, size_t n, uint64_t salt) {
 class RemoteClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (!RedisMissingReason(/*cluster=*/true).empty()) return;
-    Result<std::unique_ptr<RedisCluster>> c = RedisCluster::Start(3);
-    if (c.ok()) {
-      cluster_ = std::move(*c).release();
-    } else {
-      start_error_ = c.status().ToString();
-    }
+    shared_.Start(true, [] { return RedisCluster::Start(3); });
+    cluster_ = shared_.get();
   }
   static void TearDownTestSuite() {
-    delete cluster_;
+    shared_.Stop();
     cluster_ = nullptr;
   }
   void SetUp() override {
     std::string reason = RedisMissingReason(/*cluster=*/true);
     if (!reason.empty()) GTEST_SKIP() << reason;
-    ASSERT_NE(cluster_, nullptr) << start_error_;
+    ASSERT_NE(cluster_, nullptr) << shared_.start_error();
     ASSERT_TRUE(cluster_->WaitHealthy().ok());
   }
   RemoteTierOptions Options() const {
@@ -127,10 +122,10 @@ class RemoteClusterTest : public ::testing::Test {
   }
 
   static RedisCluster* cluster_;
-  static std::string start_error_;
+  static testing::SuiteRedis<RedisCluster> shared_;
 };
 RedisCluster* RemoteClusterTest::cluster_ = nullptr;
-std::string RemoteClusterTest::start_error_;
+testing::SuiteRedis<RedisCluster> RemoteClusterTest::shared_;
 
 TEST_F(RemoteClusterTest, SpreadsKeysOverEveryMasterAndRoundTrips) {
   auto tier = OpenTier(Options());

@@ -46,22 +46,17 @@ std::vector<std::byte> BlockFor(const BlockKey& key, size_t bytes) {
 class RemoteTierTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (!RedisMissingReason().empty()) return;
-    Result<std::unique_ptr<RedisServer>> s = RedisServer::Start({});
-    if (s.ok()) {
-      server_ = std::move(*s).release();
-    } else {
-      start_error_ = s.status().ToString();
-    }
+    shared_.Start(false, [] { return RedisServer::Start({}); });
+    server_ = shared_.get();
   }
   static void TearDownTestSuite() {
-    delete server_;
+    shared_.Stop();
     server_ = nullptr;
   }
   void SetUp() override {
     std::string reason = RedisMissingReason();
     if (!reason.empty()) GTEST_SKIP() << reason;
-    ASSERT_NE(server_, nullptr) << start_error_;
+    ASSERT_NE(server_, nullptr) << shared_.start_error();
   }
 
   // A distinct key prefix per test keeps tests apart on the shared server.
@@ -112,10 +107,10 @@ class RemoteTierTest : public ::testing::Test {
   }
 
   static RedisServer* server_;
-  static std::string start_error_;
+  static testing::SuiteRedis<RedisServer> shared_;
 };
 RedisServer* RemoteTierTest::server_ = nullptr;
-std::string RemoteTierTest::start_error_;
+testing::SuiteRedis<RedisServer> RemoteTierTest::shared_;
 
 TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
   auto tier = OpenTier(Options(server_->url()));

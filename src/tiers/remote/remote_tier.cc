@@ -206,6 +206,16 @@ struct RemoteTier::Batch {
   std::vector<size_t> corrupt;              // kGet: values to delete
   std::vector<XXH3_state_t> hashes;         // checksum of each block as it is sent or arrives
   std::vector<ValueTrailerBytes> trailers;  // kSet: filled as each block is sent; kGet: read
+
+  // A SET or GET batch of block values: keys, results and per-value framing.
+  Batch(OpKind k, std::span<const BlockKey> ks, std::span<Status> rs)
+      : kind(k),
+        keys(ks),
+        headers(ks.size()),
+        results(rs),
+        hashes(ks.size()),
+        trailers(ks.size()) {}
+  Batch() = default;
 };
 
 struct RemoteTier::Flight {
@@ -973,14 +983,8 @@ void RemoteTier::DropCorrupt(Batch& batch, int64_t deadline_ns) {
 
 void RemoteTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                          std::span<Status> results) {
-  Batch batch;
-  batch.kind = OpKind::kSet;
-  batch.keys = keys;
+  Batch batch(OpKind::kSet, keys, results);
   batch.blocks = blocks;
-  batch.results = results;
-  batch.headers.resize(keys.size());
-  batch.hashes.resize(keys.size());
-  batch.trailers.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     if (blocks[i].size() != block_bytes()) {
       results[i] =
@@ -997,14 +1001,8 @@ void RemoteTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBl
 
 void RemoteTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                          std::span<Status> results) {
-  Batch batch;
-  batch.kind = OpKind::kGet;
-  batch.keys = keys;
+  Batch batch(OpKind::kGet, keys, results);
   batch.out = out;
-  batch.results = results;
-  batch.headers.resize(keys.size());
-  batch.hashes.resize(keys.size());
-  batch.trailers.resize(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     results[i] =
         out[i].size() == block_bytes()
