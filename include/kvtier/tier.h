@@ -43,6 +43,10 @@ struct TierCapabilities {
   bool persistent = false;       // survives a process restart.
   bool shared = false;           // other processes see the same blocks.
   bool verify_on_load = false;   // bytes come from outside this process: verify checksums.
+  // The tier checks every read against a checksum stored with the bytes (and the key) and
+  // reports Corruption itself, so the Cache neither checksums its Stores nor re-verifies its
+  // loads (one pass over each block saved). Disk and remote tiers do.
+  bool verifies_reads = false;
 };
 
 struct TierStats {

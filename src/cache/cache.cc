@@ -71,6 +71,7 @@ struct TierState {
   int index = 0;
   std::shared_ptr<Tier> tier;
   TierCapabilities caps;
+  bool cache_verifies = false;  // verify_on_load and the tier does not verify reads itself
   Mutex mu;  // serialises residency changes of this tier: policy, admission, Put, Erase
   std::unique_ptr<EvictionPolicy> policy KVTIER_GUARDED_BY(mu);
   AdmissionPolicy admission KVTIER_GUARDED_BY(mu){AdmissionOptions{}};
@@ -98,7 +99,8 @@ class Cache::Impl {
         st->tier = std::shared_ptr<Tier>(std::move(made).value());
       }
       st->caps = st->tier->capabilities();
-      verify_any_ |= st->caps.verify_on_load;
+      st->cache_verifies = st->caps.verify_on_load && !st->caps.verifies_reads;
+      verify_any_ |= st->cache_verifies;
       {
         MutexLock lock(&st->mu);
         KVTIER_ASSIGN_OR_RETURN(st->policy,
@@ -328,7 +330,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
   // Verify what came from outside the process, then retry failures from other tiers.
   for (uint32_t i = 0; i < n; ++i) {
     const int src = lookup.source[i];
-    if (done[i] && options_.verify_checksums && tiers_[src]->caps.verify_on_load) {
+    if (done[i] && options_.verify_checksums && tiers_[src]->cache_verifies) {
       IndexEntry e;
       if (index_.Get(lookup.keys[i], &e) && e.checksum != 0 && Checksum64(dst[i]) != e.checksum) {
         tiers_[src]->corruptions.fetch_add(1, std::memory_order_relaxed);
@@ -341,7 +343,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
     // A block that failed here is gone from that tier: keep the index honest.
     if (r.block_status[i].code() == StatusCode::kCorruption ||
         r.block_status[i].code() == StatusCode::kNotFound) {
-      if (r.block_status[i].code() == StatusCode::kCorruption && !tiers_[src]->caps.verify_on_load)
+      if (r.block_status[i].code() == StatusCode::kCorruption && !tiers_[src]->cache_verifies)
         tiers_[src]->corruptions.fetch_add(1, std::memory_order_relaxed);
       DropBlock(*tiers_[src], lookup.keys[i]);
     }
@@ -354,7 +356,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup,
       const MutableBlock b[1] = {dst[i]};
       Status s[1];
       if (!st->tier->Get(k, b, s).ok() || !s[0].ok()) continue;
-      if (options_.verify_checksums && st->caps.verify_on_load && e.checksum != 0 &&
+      if (options_.verify_checksums && st->cache_verifies && e.checksum != 0 &&
           Checksum64(dst[i]) != e.checksum)
         continue;
       r.block_status[i] = Status::Ok();

@@ -235,6 +235,8 @@ TEST_F(RemoteCacheTest, BlockCorruptedInRedisBecomesARecompute) {
   ASSERT_EQ(load.block_status.size(), kBlocks);
   EXPECT_EQ(load.block_status[4].code(), StatusCode::kCorruption)
       << load.block_status[4].ToString();
+  // The tier's own check caught it (the Cache does not re-verify a tier that verifies reads).
+  EXPECT_EQ(reader->stats().tiers[1].corruptions, 1u);
   // The bad value was dropped: the next lookup ends the prefix there.
   Result<LookupResult> again = reader->Lookup(Tokens(3));
   ASSERT_TRUE(again.ok());

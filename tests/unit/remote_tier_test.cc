@@ -121,6 +121,7 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
   EXPECT_FALSE(caps.authoritative);
   EXPECT_TRUE(caps.shared);
   EXPECT_TRUE(caps.verify_on_load);
+  EXPECT_TRUE(caps.verifies_reads);
   std::vector<Status> put;
   auto data = PutKeys(*tier, 40, 1, &put);
   for (const Status& s : put) ASSERT_TRUE(s.ok()) << s.ToString();

@@ -55,6 +55,7 @@ TierCapabilities DiskTier::CapabilitiesImpl() const {
   c.persistent = true;
   c.shared = false;
   c.verify_on_load = true;
+  c.verifies_reads = true;  // every record's header key and payload XXH3 are checked on read
   return c;
 }
 

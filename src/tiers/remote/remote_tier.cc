@@ -1105,6 +1105,7 @@ TierCapabilities RemoteTier::CapabilitiesImpl() const {
   caps.persistent = false;        // whether Redis persists is the server's configuration
   caps.shared = true;
   caps.verify_on_load = true;
+  caps.verifies_reads = true;  // every value's header key and XXH3 trailer are checked on read
   return caps;
 }
 
