@@ -54,9 +54,7 @@ Result<WorkloadReport> RunWorkload(Engine* engine, Engine* reference, const Work
         KVTIER_ASSIGN_OR_RETURN(TurnResult ref, reference->RunTurn(ctx, full));
         rec.checked = true;
         rec.recompute_ttft_s = ref.ttft_s;
-        rec.bit_exact = ref.logits.size() == rec.reuse.logits.size() &&
-                        std::memcmp(ref.logits.data(), rec.reuse.logits.data(),
-                                    ref.logits.size() * sizeof(float)) == 0;
+        rec.bit_exact = SameBits(ref.logits, rec.reuse.logits);
         ++rep.checked_turns;
         rep.bit_exact_turns += rec.bit_exact;
         if (rec.reuse.pool_hit_blocks + rec.reuse.loaded_blocks > 0 && rec.reuse.ttft_s > 0) {
@@ -77,11 +75,7 @@ Result<WorkloadReport> RunWorkload(Engine* engine, Engine* reference, const Work
       rep.turns.push_back(std::move(rec));
     }
   }
-  if (!speedups.empty()) {
-    std::sort(speedups.begin(), speedups.end());
-    const size_t m = speedups.size();
-    rep.speedup_median = m % 2 ? speedups[m / 2] : (speedups[m / 2 - 1] + speedups[m / 2]) / 2;
-  }
+  if (!speedups.empty()) rep.speedup_median = Median(speedups);
   rep.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

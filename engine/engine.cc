@@ -5,14 +5,11 @@
 #include <string>
 #include <utility>
 
+#include "common/clock.h"
 #include "engine/gguf.h"
 
 namespace kvtier::engine {
 namespace {
-
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Releases every block of a turn's table when the turn ends, however it ends.
 class TableGuard {
@@ -125,7 +122,7 @@ BlockKey Engine::Root(const RequestOptions& request) const {
 }
 
 Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOptions& opt) {
-  const double t0 = NowS();
+  const double t0 = MonotonicSeconds();
   const uint32_t n = static_cast<uint32_t>(prompt.size());
   const uint32_t bt = options_.block_tokens;
   const ModelConfig& c = model_.config();
@@ -205,7 +202,6 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
           r.planned = true;
           recompute = r.plan.recompute_blocks;
           load = r.plan.load_blocks;
-          if (recompute + load < hits) recompute = hits - load;  // an unplannable tail
         }
         break;
     }
@@ -216,7 +212,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
     KVTIER_ASSIGN_OR_RETURN(BlockId id, pool_->Allocate());
     table.push_back(id);
   }
-  const double t_lookup = NowS();
+  const double t_lookup = MonotonicSeconds();
   r.lookup_s = t_lookup - t0;
 
   // Load [resident + recompute, resident + recompute + load) straight into the pool blocks.
@@ -252,7 +248,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   }
   lookup = Status::NotFound("released");  // unpin before computing
   r.loaded_blocks = loaded;
-  const double t_load = NowS();
+  const double t_load = MonotonicSeconds();
   r.load_s = t_load - t_lookup;
 
   // Compute the head [resident, load_begin) and everything after the loaded run.
@@ -265,7 +261,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
                                                pool_.get(), end == n ? &logits : nullptr));
     r.computed_tokens += end - begin;
   }
-  const double t_compute = NowS();
+  const double t_compute = MonotonicSeconds();
   r.compute_s = t_compute - t_load;
   r.ttft_s = t_compute - t0;
 
@@ -288,7 +284,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
     store(resident, std::min(load_begin, full));
     store(std::min(load_end, full), full);
   }
-  const double t_store = NowS();
+  const double t_store = MonotonicSeconds();
   r.store_s = t_store - t_compute;
 
   // Greedy decode; the first token comes from the prompt's logits.
@@ -301,7 +297,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
     tok = Argmax(step);
     r.generated.push_back(tok);
   }
-  r.decode_s = NowS() - t_store;
+  r.decode_s = MonotonicSeconds() - t_store;
   return r;
 }
 

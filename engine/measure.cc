@@ -5,12 +5,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-namespace kvtier::engine {
-namespace {
+#include "common/clock.h"
 
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+namespace kvtier::engine {
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -21,6 +18,8 @@ double Median(std::vector<double> v) {
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
+
+namespace {
 
 // The planner's view of a cold-pool request whose loadable blocks all sit in tier 0.
 PlanRequest ColdRequest(const Engine& engine, const Planner& planner, uint32_t tokens) {
@@ -134,11 +133,11 @@ Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& opt,
     std::memset(buf.data(), 1, buf.size());
     std::vector<double> t;
     for (int r = 0; r < opt.reps + 2; ++r) {
-      const double t0 = NowS();
+      const double t0 = MonotonicSeconds();
       for (uint32_t i = 0; i < batch; ++i) {
         std::memcpy(buf.data() + i * block_bytes, src[i].data(), block_bytes);
       }
-      t.push_back(NowS() - t0);
+      t.push_back(MonotonicSeconds() - t0);
     }
     cal.memcpy_bytes_per_s = batch * double(block_bytes) / Median(t);
   }
@@ -158,7 +157,7 @@ Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& opt,
     auto time_load = [&](uint32_t n) -> Result<double> {
       std::vector<double> t;
       for (int r = 0; r < opt.reps + 2; ++r) {
-        const double t0 = NowS();
+        const double t0 = MonotonicSeconds();
         KVTIER_ASSIGN_OR_RETURN(LookupResult lr,
                                 cache->LookupKeys(std::span<const BlockKey>(keys).subspan(0, n)));
         if (lr.hit_blocks < n || lr.blocks_by_tier[tier] < n) {
@@ -168,7 +167,7 @@ Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& opt,
         KVTIER_ASSIGN_OR_RETURN(LoadResult ld,
                                 cache->Load(lr, std::span<const MutableBlock>(dst).subspan(0, n)));
         if (ld.loaded_blocks < n) return Status::Unavailable("calibrate: load failed");
-        t.push_back(NowS() - t0);
+        t.push_back(MonotonicSeconds() - t0);
       }
       return Median(t);
     };
@@ -195,7 +194,7 @@ Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
                                      const std::vector<uint32_t>& lengths, int reps,
                                      const ProgressFn& progress) {
   if (engine->cache() == nullptr) return Status::InvalidArgument("crossover: no cache attached");
-  const double t_start = NowS();
+  const double t_start = MonotonicSeconds();
   const uint32_t vocab = engine->config().vocab_size;
   CrossoverResult out;
   double work_total = 0, work_done = 0;
@@ -254,7 +253,7 @@ Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
     if (progress) progress(work_done, work_total);
   }
   out.regret_pct = sum_min > 0 ? 100.0 * (sum_chosen - sum_min) / sum_min : 0;
-  out.sweep_s = NowS() - t_start;
+  out.sweep_s = MonotonicSeconds() - t_start;
   return out;
 }
 

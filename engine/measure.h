@@ -78,6 +78,11 @@ Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
                                      const std::vector<uint32_t>& lengths, int reps,
                                      const ProgressFn& progress = nullptr);
 
+// Median of v (the mean of the middle two for an even count); 0 when empty.
+double Median(std::vector<double> v);
+// Whether two logit vectors are equal bit for bit (memcmp).
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b);
+
 }  // namespace kvtier::engine
 
 #endif  // KVTIER_ENGINE_MEASURE_H_

@@ -2,6 +2,7 @@
 // embedded host tier. Per turn: TTFT with reuse (pool + host) and without (a full recompute
 // on a second engine with the same weights), where the prefix came from, bytes moved, and
 // whether the next-token logits matched the recompute bit for bit.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -28,7 +29,9 @@ int RunDemo(const DemoFlags& f) {
   if (!setup) return rc;
   if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
   engine::EngineOptions ref_opt = f.engine.options;
-  ref_opt.pool_blocks = 4096 / ref_opt.block_tokens + 64;  // any single prompt fits
+  // Any prompt the main engine can hold fits the reference too.
+  ref_opt.pool_blocks =
+      std::max<uint64_t>(f.engine.options.pool_blocks, 4096 / ref_opt.block_tokens + 64);
   Result<std::unique_ptr<engine::Engine>> reference =
       engine::Engine::CreateSharing(*setup->engine, ref_opt);
   if (!reference.ok()) {
