@@ -5,6 +5,7 @@
 #ifndef KVTIER_SRC_POLICY_LIST_POLICY_H_
 #define KVTIER_SRC_POLICY_LIST_POLICY_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -34,9 +35,13 @@ class ListPolicyBase : public EvictionPolicy {
     size_t size = 0;
   };
 
-  explicit ListPolicyBase(uint64_t expected_keys) : map_(expected_keys) {
-    nodes_.reserve(expected_keys);
+  // Reserves for at most 4M keys: a simulated 100 TB tier must not reserve gigabytes up front
+  // (the tables still grow past it on demand).
+  explicit ListPolicyBase(uint64_t expected_keys)
+      : map_(std::min<uint64_t>(expected_keys, kMaxReserve)) {
+    nodes_.reserve(std::min<uint64_t>(expected_keys, kMaxReserve));
   }
+  static constexpr uint64_t kMaxReserve = uint64_t{1} << 22;
 
   // Node of key, or kNil.
   uint32_t Lookup(const BlockKey& key) const {
