@@ -247,7 +247,7 @@ int Verify(const std::string& dir) {
         ++corrupt;
         std::printf("CORRUPT %s (segment %llu) offset %llu: key %s: %s\n", s.file.c_str(),
                     static_cast<unsigned long long>(s.id),
-                    static_cast<unsigned long long>(r.offset), disk::KeyHex(r.header.key).c_str(),
+                    static_cast<unsigned long long>(r.offset), r.header.key.ToHex().c_str(),
                     problem.c_str());
       }
     }

@@ -240,12 +240,14 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
     const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
     SegmentScan scan = ScanSegment(PreadReader(scan_fd), file_bytes, options_.layout_fingerprint);
     if (!scan.header && scan.header_error == ParseError::kFutureVersion) {
+      ::close(scan_fd);
       return Status::InvalidArgument(fmt::format(
           "{}: segment format version {} is newer than this build reads ({}); refusing to open "
           "it rather than misread it (use a newer kvtier or another directory)",
           seg->path, scan.header_version, kFormatVersion));
     }
     if (scan.header && scan.header->layout_fingerprint != options_.layout_fingerprint) {
+      ::close(scan_fd);
       return Status::InvalidArgument(fmt::format(
           "{}: segment written for layout fingerprint {:016x} ({} bytes per block), this tier's "
           "layout is {:016x} ({} bytes per block); refusing to mix layouts (use another "
@@ -522,19 +524,17 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
   // Runs right after a roll: the budget (a quarter segment) fits in the new active segment.
   AlignedBuffer& buf = writer_->buffers[0];
   for (const auto& [key, loc] : hot) {
-    std::shared_ptr<Segment> dst;
+    std::shared_ptr<Segment> dst, src;
     {
       MutexLock l(&mu_);
       auto e = index_.find(key);
       if (e == index_.end() || e->second.seq != loc.seq) continue;  // changed meanwhile
       dst = active_;
+      auto r = retiring_.find(loc.segment_id);  // the evicted segment, still open
+      if (r != retiring_.end()) src = r->second;
     }
-    // The evicted segment's fd is gone from the table; reopen by path (not yet unlinked).
-    const int fd = ::open((options_.path + "/" + SegmentFileName(loc.segment_id)).c_str(),
-                          O_RDONLY | O_CLOEXEC | (direct_ ? O_DIRECT : 0));
-    bool ok = fd >= 0 && ::pread(fd, buf.data(), record_bytes_, loc.offset) ==
-                             static_cast<ssize_t>(record_bytes_);
-    if (fd >= 0) ::close(fd);
+    bool ok = src != nullptr && ::pread(src->fd, buf.data(), record_bytes_, loc.offset) ==
+                                    static_cast<ssize_t>(record_bytes_);
     ParseError err;
     std::optional<RecordHeader> h;
     if (ok) h = ParseRecordHeader(buf.span(), &err);
@@ -556,8 +556,6 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
           continue;
         }
       }
-    } else {
-      ok = false;
     }
     MutexLock l(&mu_);
     auto e = index_.find(key);
@@ -762,7 +760,7 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
     const std::string where = fmt::format("segment {} offset {}", w.loc.segment_id, w.loc.offset);
     results[w.index] = Status::Corruption(fmt::format("{}: {}", where, problem));
     spdlog::warn("disk tier {}: Corruption: {}: key {}: {}; dropped", options_.path, where,
-                 KeyHex(keys[w.index]), problem);
+                 keys[w.index].ToHex(), problem);
     corrupt.emplace_back(keys[w.index], w.loc.seq);
   };
   size_t next = 0;

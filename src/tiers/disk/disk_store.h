@@ -135,9 +135,10 @@ class DiskStore {
     bool accessed = false;  // read since written: a reinsertion candidate
   };
   struct IoContext {
-    std::unique_ptr<IoEngine> engine;
+    // Declared first, destroyed last: registered buffers must outlive the ring.
     std::vector<AlignedBuffer> buffers;
     std::vector<std::array<iovec, 2>> iov;  // per buffer: header page + caller's block
+    std::unique_ptr<IoEngine> engine;
   };
   // Whether a caller's buffer can be the I/O buffer itself (page-aligned, whole pages).
   bool ZeroCopy(const void* p) const {

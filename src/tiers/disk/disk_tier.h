@@ -3,7 +3,8 @@
 // Self-managed: it evicts whole segments (oldest first) on its own and reports the keys it
 // dropped through the removal listener; it survives restarts (the index is rebuilt from the
 // segment files, and the tier is not authoritative, so a new Cache finds those blocks through
-// Exists) and its bytes come from outside the process, so the Cache verifies them.
+// Exists). Every read is checked against the record's key and checksum here (verifies_reads),
+// so the Cache does not checksum its blocks again.
 //
 // Thread-safety: every method may be called concurrently (see DiskStore). Ownership: the tier
 // owns its store; it never keeps a caller's buffers past a call.

@@ -146,13 +146,6 @@ std::optional<RecordHeader> ParseRecordHeader(std::span<const std::byte> page, P
   return h;
 }
 
-std::string KeyHex(const BlockKey& key) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(key.hi),
-                static_cast<unsigned long long>(key.lo));
-  return buf;
-}
-
 std::string SegmentFileName(uint64_t id) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "seg-%08llu.kvs", static_cast<unsigned long long>(id));

@@ -76,9 +76,6 @@ std::optional<SegmentHeader> ParseSegmentHeader(std::span<const std::byte> page,
 std::optional<RecordHeader> ParseRecordHeader(std::span<const std::byte> page, ParseError* error,
                                               uint32_t* version = nullptr);
 
-// 32 hex digits, hi first (the same text as BlockKey::ToHex).
-std::string KeyHex(const BlockKey& key);
-
 // "seg-00000042.kvs"; ParseSegmentFileName returns the id or nullopt for other names.
 std::string SegmentFileName(uint64_t id);
 std::optional<uint64_t> ParseSegmentFileName(std::string_view name);

@@ -147,7 +147,7 @@ SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,
       scan.issues.push_back(
           {ScanIssue::Kind::kTornTail, off, file_bytes - off,
            fmt::format("record of key {} needs {} bytes, the file ends after {} (torn tail)",
-                       KeyHex(h->key), len, file_bytes - off)});
+                       h->key.ToHex(), len, file_bytes - off)});
       return scan;
     }
     flush_bad(false);
