@@ -217,8 +217,6 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
         index_.AddTier(rest[j], st->index, 0);
         masks.push_back(TierMask{1} << st->index);
       }
-      PinSet more = index_.Pin(rest.subspan(0, extra));
-      more.Release();  // shared tiers are not evicted by us; pins guard local tiers only
       hit += extra;
     }
   }
