@@ -142,6 +142,34 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
   EXPECT_EQ(st.puts, 40u);
 }
 
+// 2 MiB blocks take the large-value path: several connections per call, send windows, a Put
+// checksummed a value ahead, a Get read straight into the caller's buffer with SO_RCVLOWAT
+// raised; the short replies that follow on the same pooled connections must not wait on it.
+TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
+  RemoteTierOptions o = Options(server_->url());
+  o.layout.head_dim = 2048;  // 2 layers * K,V * 2 heads * 2048 * 2 B * 64 tokens = 2 MiB
+  o.timeout_ms = 5000;       // a short reply stuck behind a stale low-water mark fails here
+  auto tier = OpenTier(o);
+  ASSERT_NE(tier, nullptr);
+  ASSERT_EQ(tier->block_bytes(), 2u << 20);
+  std::vector<Status> put;
+  auto data = PutKeys(*tier, 6, 7, &put);
+  for (const Status& s : put) ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<std::byte>> out;
+    std::vector<Status> got = GetKeys(*tier, 6, 7, &out);
+    for (size_t i = 0; i < 6; ++i) {
+      ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].ToString();
+      EXPECT_TRUE(out[i] == data[i]) << "block " << i << " differs";
+    }
+    std::vector<BlockKey> keys = {KeyOf(0, 7), KeyOf(99, 7)};
+    bool exists[2] = {false, true};
+    ASSERT_TRUE(tier->Exists(keys, exists).ok());
+    EXPECT_TRUE(exists[0]);
+    EXPECT_FALSE(exists[1]);
+  }
+}
+
 TEST_F(RemoteTierTest, MissesExistsAndErase) {
   auto tier = OpenTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);

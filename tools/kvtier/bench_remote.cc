@@ -473,8 +473,8 @@ int Run(const Options& opt) {
       // Drop our keys before the baseline runs so both see the same server memory.
       {
         std::vector<BlockKey> ks;
-        for (int t = 0; t < 4; ++t) {
-          for (size_t i = 0; i < 64; ++i) ks.push_back(BlockKey{*size, uint64_t(t) << 32 | i});
+        for (int t = 0; t < 8; ++t) {  // every caller of every configuration above
+          for (size_t i = 0; i < 16; ++i) ks.push_back(BlockKey{*size, uint64_t(t) << 32 | i});
         }
         for (size_t off = 0; off < ks.size(); off += 256) {
           (void)(*tier)->Erase(std::span(ks).subspan(off, std::min<size_t>(256, ks.size() - off)));

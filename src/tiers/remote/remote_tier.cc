@@ -482,8 +482,11 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
     return conn;
   }
   counters_.connect_failures.fetch_add(1, std::memory_order_relaxed);
-  if (conn.status().code() != StatusCode::kInvalidArgument) {
-    MutexLock lock(&node->mu);
+  MutexLock lock(&node->mu);
+  // A refused AUTH is a configuration error, not an outage, and leaves a closed breaker alone;
+  // but a half-open breaker's probe must end in a verdict, or the node is shut out for good.
+  if (conn.status().code() != StatusCode::kInvalidArgument ||
+      node->breaker.state() == CircuitBreaker::State::kHalfOpen) {
     uint64_t opens = node->breaker.opens();
     node->breaker.RecordFailure(SteadyNowNs());
     if (node->breaker.opens() != opens) {

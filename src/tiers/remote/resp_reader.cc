@@ -30,15 +30,18 @@ std::span<std::byte> RespReader::BulkRegion() {
   return sink.tail.subspan(in_body - sink.body.size());
 }
 
-std::span<std::byte> RespReader::ReadTarget() {
-  direct_ = false;
+std::span<std::byte> RespReader::DirectRegion() {
   if (error_.ok() && state_ == State::kBulk && cur_.in_sink && begin_ == end_) {
     std::span<std::byte> region = BulkRegion();
-    if (region.size() >= kDirectReadMin) {
-      direct_ = true;
-      return region;
-    }
+    if (region.size() >= kDirectReadMin) return region;
   }
+  return {};
+}
+
+std::span<std::byte> RespReader::ReadTarget() {
+  std::span<std::byte> region = DirectRegion();
+  direct_ = !region.empty();
+  if (direct_) return region;
   if (begin_ == end_) {
     begin_ = end_ = 0;
   } else if (begin_ > 0 && buf_.size() - end_ < kDirectReadMin) {
@@ -54,12 +57,7 @@ std::span<std::byte> RespReader::ReadTarget() {
   return std::span<std::byte>(buf_).subspan(end_);
 }
 
-size_t RespReader::DirectBytesDue() {
-  if (error_.ok() && state_ == State::kBulk && cur_.in_sink && begin_ == end_) {
-    return BulkRegion().size();
-  }
-  return 0;
-}
+size_t RespReader::DirectBytesDue() { return DirectRegion().size(); }
 
 Status RespReader::Commit(size_t n) {
   if (!error_.ok()) return error_;

@@ -86,6 +86,8 @@ class RespReader {
   Status HandleLine(const char* line, size_t len);
   void CopyBulk(const std::byte* src, size_t n);
   std::span<std::byte> BulkRegion();  // the sink region the next bulk byte goes to
+  // BulkRegion() when the next read goes straight into it, else empty.
+  std::span<std::byte> DirectRegion();
   void Complete();
   Status Fail(std::string what);
 
