@@ -295,6 +295,12 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
 
   // Moves blocks evicted from one tier down to the next, recording bytes on the way.
   std::vector<BlockKey> evicted, evicted2, evicted3;
+  // Every tier's policy hears a session's events (the session-aware one orders eviction by them).
+  auto session_event = [&](Replica& rep, uint64_t session, SessionEvent e, double t) {
+    for (SimTier* tier : {rep.hbm.get(), rep.host.get(), rep.disk.get(), remote.get()}) {
+      if (tier != nullptr) tier->Event(session, e, t);
+    }
+  };
   auto demote = [&](Replica& rep, const std::vector<BlockKey>& from_hbm, uint64_t session) {
     if (!rep.host) return;
     AccessHint h{session, 0, now};
@@ -371,7 +377,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       for (size_t i = im; i < n; ++i) ideal.Put(keys[i], 1);
       ideal_hits += std::min<uint64_t>(im * block_tokens, q.prompt_tokens);
 
-      rep.hbm->Event(run.sim_id, SessionEvent::kActive, now);
+      session_event(rep, run.sim_id, SessionEvent::kActive, now);
       size_t hbm_prefix = 0;
       while (hbm_prefix < n && rep.hbm->Contains(keys[hbm_prefix])) ++hbm_prefix;
       // Where each following block can be loaded from: 1 host, 2 disk, 3 remote.
@@ -551,10 +557,10 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       if (think < 0) {
         think = std::max(0.0, nq.start_s - q.start_s - std::max(0.0, q.api_s));
       }
-      rep.hbm->Event(run.sim_id, SessionEvent::kThinking, now);
+      session_event(rep, run.sim_id, SessionEvent::kThinking, now);
       push(now + think, EvType::kArrive, f.run);
     } else {
-      rep.hbm->Event(run.sim_id, SessionEvent::kFinished, now);
+      session_event(rep, run.sim_id, SessionEvent::kFinished, now);
       push(now, EvType::kArrive, f.run);  // ends the session (see kArrive)
     }
   }
