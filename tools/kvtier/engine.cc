@@ -64,7 +64,7 @@ int RunCrossoverCommand(CrossoverFlags f) {
               engine::BlasCoreName().c_str(), f.engine.options.threads);
   CostProfile profile;
   if (!f.engine.profile.empty()) {
-    Result<CostProfile> p = LoadCostProfile(f.engine.profile);
+    Result<CostProfile> p = cli::LoadProfileFor(f.engine.profile, e);
     if (!p.ok()) {
       std::fprintf(stderr, "crossover: %s\n", p.status().ToString().c_str());
       return 1;

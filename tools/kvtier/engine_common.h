@@ -15,6 +15,22 @@
 
 namespace kvtier::cli {
 
+// A cost profile for this engine: one calibrated for another block size or model would
+// misprice every plan, so it is refused with both sizes named.
+inline Result<CostProfile> LoadProfileFor(const std::string& path, const engine::Engine& e) {
+  KVTIER_ASSIGN_OR_RETURN(CostProfile p, LoadCostProfile(path));
+  if (p.block_tokens != e.options().block_tokens || p.block_bytes != e.layout().bytes_per_block()) {
+    return Status::InvalidArgument(path + ": calibrated for blocks of " +
+                                   std::to_string(p.block_tokens) + " tokens (" +
+                                   std::to_string(p.block_bytes) + " bytes); this engine's are " +
+                                   std::to_string(e.options().block_tokens) + " tokens (" +
+                                   std::to_string(e.layout().bytes_per_block()) +
+                                   " bytes): run 'kvtier calibrate' with the "
+                                   "same --model and --block-tokens");
+  }
+  return p;
+}
+
 struct EngineFlags {
   engine::EngineOptions options;
   std::string host_capacity;
@@ -51,7 +67,7 @@ struct EngineFlags {
   // Gives the engine a planner from --profile; false (after printing why) when it cannot.
   bool ApplyProfile(engine::Engine* e) const {
     if (profile.empty()) return true;
-    Result<CostProfile> p = LoadCostProfile(profile);
+    Result<CostProfile> p = LoadProfileFor(profile, *e);
     if (!p.ok()) {
       std::fprintf(stderr, "%s\n", p.status().ToString().c_str());
       return false;
