@@ -1,18 +1,14 @@
 #include "sim/cache_replay.h"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <queue>
 
+#include "common/clock.h"
 #include "sim/flat_table.h"
 
 namespace kvtier::sim {
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct Tally {
   CacheReplayResult* r;
@@ -59,7 +55,7 @@ Result<CacheReplayResult> ReplayLru(workload::RequestStream& stream, uint64_t ca
   uint32_t block_tokens = 0;
   std::unique_ptr<FlatLru> lru;
   std::vector<uint32_t> found;
-  const double start = Now();
+  const double start = MonotonicSeconds();
   stream.Rewind();
   while (stream.Next(&q)) {
     KVTIER_RETURN_IF_ERROR(CheckBlockTokens(&block_tokens, q));
@@ -116,7 +112,7 @@ Result<CacheReplayResult> ReplayLru(workload::RequestStream& stream, uint64_t ca
     ticker.Tick();
   }
   KVTIER_RETURN_IF_ERROR(stream.status());
-  res.seconds = Now() - start;
+  res.seconds = MonotonicSeconds() - start;
   res.table_bytes = lru ? lru->memory_bytes() : 0;
   stream.Rewind();
   return res;
@@ -137,7 +133,7 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
   std::vector<uint8_t> present;
   const std::function<bool(const BlockKey&)> always = [](const BlockKey&) { return true; };
   std::unordered_map<uint64_t, size_t> last_len;  // session -> blocks of its previous request
-  const double start = Now();
+  const double start = MonotonicSeconds();
   stream.Rewind();
   while (stream.Next(&q)) {
     KVTIER_RETURN_IF_ERROR(CheckBlockTokens(&block_tokens, q));
@@ -206,7 +202,7 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
     ticker.Tick();
   }
   KVTIER_RETURN_IF_ERROR(stream.status());
-  res.seconds = Now() - start;
+  res.seconds = MonotonicSeconds() - start;
   res.table_bytes = resident.memory_bytes();
   stream.Rewind();
   return res;
@@ -281,13 +277,13 @@ Result<StreamCost> MeasureStreamCost(workload::RequestStream& stream) {
   StreamCost c;
   workload::ReplayRequest q;
   volatile uint64_t sink = 0;  // keeps the read-only loop from being dropped
-  double t0 = Now();
+  double t0 = MonotonicSeconds();
   stream.Rewind();
   while (stream.Next(&q)) sink = sink + q.ids.size();
   KVTIER_RETURN_IF_ERROR(stream.status());
-  c.read_s = Now() - t0;
+  c.read_s = MonotonicSeconds() - t0;
   ChainHasher hasher;
-  t0 = Now();
+  t0 = MonotonicSeconds();
   stream.Rewind();
   while (stream.Next(&q)) {
     size_t common = 0;
@@ -295,7 +291,7 @@ Result<StreamCost> MeasureStreamCost(workload::RequestStream& stream) {
     c.blocks += keys.size();
     if (!keys.empty()) sink = sink ^ keys.back().lo;
   }
-  c.read_and_hash_s = Now() - t0;
+  c.read_and_hash_s = MonotonicSeconds() - t0;
   stream.Rewind();
   return c;
 }
@@ -306,7 +302,7 @@ Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& m,
   res.policy = "min";
   res.capacity_tokens = capacity_tokens;
   Tally tally{&res};
-  const double start = Now();
+  const double start = MonotonicSeconds();
   // Dense ids for the distinct keys, and for every access the request of that key's next use.
   FlatTable dense(1 << 16);
   std::vector<uint32_t> access_id;
@@ -390,7 +386,7 @@ Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& m,
     }
     tally.Request(q, matched);
   }
-  res.seconds = Now() - start;
+  res.seconds = MonotonicSeconds() - start;
   res.table_bytes = dense.memory_bytes() + access_id.capacity() * 8 + depth.capacity() * 10;
   return res;
 }

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "common/clock.h"
 #include "kvtier/layout.h"
 #include "tiers/disk/disk_store.h"
 #include "tiers/disk/format.h"
@@ -46,10 +46,6 @@ struct BenchArgs {
   bool unaligned = false;  // caller buffers off page alignment: the tier's bounce-copy path
 };
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct Row {
   std::string op;
   uint64_t block_bytes;
@@ -64,7 +60,7 @@ struct Row {
 // value on failure.
 double BaselineChunk(int fd, bool write, uint64_t first, uint64_t count, uint64_t block,
                      std::span<const std::span<std::byte>> bufs) {
-  const double t0 = Now();
+  const double t0 = MonotonicSeconds();
   for (uint64_t i = first; i < first + count; ++i) {
     const off_t off = static_cast<off_t>(i * block);
     std::byte* buf = bufs[i % bufs.size()].data();
@@ -76,7 +72,7 @@ double BaselineChunk(int fd, bool write, uint64_t first, uint64_t count, uint64_
       return -1;
     }
   }
-  return Now() - t0;
+  return MonotonicSeconds() - t0;
 }
 
 int Fail(const std::string& what) {
@@ -180,20 +176,20 @@ int Run(const BenchArgs& a) {
         return b >= 0;
       };
       if (c % 2 == 0 && !baseline()) return 1;
-      const double t0 = Now();
+      const double t0 = MonotonicSeconds();
       store.Put(keys, blocks, results);
-      tt += Now() - t0;
+      tt += MonotonicSeconds() - t0;
       if (c % 2 == 1 && !baseline()) return 1;
       for (const Status& s : results) {
         if (!s.ok()) return Fail("put: " + s.ToString());
       }
     }
-    double t0 = Now();
+    double t0 = MonotonicSeconds();
     ::fdatasync(bfd);
-    tb += Now() - t0;
-    t0 = Now();
+    tb += MonotonicSeconds() - t0;
+    t0 = MonotonicSeconds();
     if (Status s = store.Sync(); !s.ok()) return Fail("sync: " + s.ToString());
-    tt += Now() - t0;
+    tt += MonotonicSeconds() - t0;
     rows.push_back({"write", block, a.qds[q], total / tt / 1e9, total / tb / 1e9});
 
     // Reads, interleaved the same way, checking the bytes that came back.
@@ -206,9 +202,9 @@ int Run(const BenchArgs& a) {
         return b >= 0;
       };
       if (c % 2 == 0 && !baseline()) return 1;
-      t0 = Now();
+      t0 = MonotonicSeconds();
       store.Get(keys, outs, results);
-      tt += Now() - t0;
+      tt += MonotonicSeconds() - t0;
       if (c % 2 == 1 && !baseline()) return 1;
       for (const Status& s : results) {
         if (!s.ok()) return Fail("get: " + s.ToString());
@@ -233,9 +229,9 @@ int Run(const BenchArgs& a) {
     if (fd < 0) return Fail(file + ": " + std::strerror(errno));
     const std::span<std::byte> one[1] = {base_src[0]};
     double t = BaselineChunk(fd, true, 0, nblocks, block, one);
-    const double t0 = Now();
+    const double t0 = MonotonicSeconds();
     ::fdatasync(fd);
-    t += Now() - t0;
+    t += MonotonicSeconds() - t0;
     const double tr = BaselineChunk(fd, false, 0, nblocks, block, one);
     ::close(fd);
     std::filesystem::remove(file);

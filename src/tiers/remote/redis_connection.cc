@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <chrono>
 
+#include "common/clock.h"
+
 namespace kvtier::remote {
 namespace {
 
@@ -24,11 +26,7 @@ std::string ReplyText(const redisReply* r) {
 
 }  // namespace
 
-int64_t SteadyNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t SteadyNowNs() { return static_cast<int64_t>(MonotonicNs()); }
 
 void ReplyDeleter::operator()(redisReply* reply) const { freeReplyObject(reply); }
 

@@ -89,8 +89,6 @@ struct RemoteStats {
   uint64_t oom_rejections = 0;  // SETs refused at maxmemory
 };
 
-struct SlotRange;
-
 class RemoteTier final : public Tier {
  public:
   // Validates options and discovers the deployment (single node or cluster). InvalidArgument
