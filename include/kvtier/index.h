@@ -99,10 +99,10 @@ class BlockIndex {
   void Unpin(std::span<const BlockKey> keys);
   void MatchImpl(std::span<const BlockKey> chain, MatchResult* result, PinSet* pins) const;
   // Calls fn(i, entry or nullptr) for keys[i] in order, under the shared lock of the key's
-  // shard, until fn returns false. Long spans take every shard's lock once per chunk instead
-  // of one lock per key.
+  // shard, until fn returns false; returns that i, or keys.size(). Long spans take every
+  // shard's lock once per chunk instead of one lock per key.
   template <typename Fn>
-  void ForEachShared(std::span<const BlockKey> keys, Fn&& fn) const;
+  size_t ForEachShared(std::span<const BlockKey> keys, Fn&& fn) const;
 
   struct Shard;
   Shard& ShardOf(const BlockKey& key) const;

@@ -45,9 +45,20 @@ class FlatKeyMap {
     }
   }
   const V* Find(const BlockKey& key) const { return const_cast<FlatKeyMap*>(this)->Find(key); }
-  // Starts loading key's home slot; a Find of it soon after then waits less.
-  void Prefetch(const BlockKey& key) const { __builtin_prefetch(&slots_[Home(key)]); }
   bool Contains(const BlockKey& key) const { return Find(key) != nullptr; }
+
+  // Batched lookups (the index's Match): HomeSlot is two ALU operations and a load, so a caller can
+  // prefetch the home slot some keys ahead; AtHome then answers most lookups from it, and Find
+  // the rest. Both stay valid only while the table is not changed.
+  struct Slot {
+    BlockKey key;  // {0, 0}: empty
+    V value{};
+  };
+  const Slot* HomeSlot(const BlockKey& key) const { return &slots_[Home(key)]; }
+  // key's value when its home slot holds it; nullptr means "ask Find".
+  static const V* AtHome(const Slot* home, const BlockKey& key) {
+    return home->key == key && !IsEmptyKey(key) ? &home->value : nullptr;
+  }
 
   // Returns the value slot and whether it was newly inserted (then set to `value`).
   std::pair<V*, bool> Insert(const BlockKey& key, const V& value) {
@@ -114,28 +125,20 @@ class FlatKeyMap {
   size_t MemoryBytes() const { return slots_.capacity() * sizeof(Slot); }
 
  private:
-  struct Slot {
-    BlockKey key;  // {0, 0}: empty
-    V value{};
-  };
-
   static bool IsEmptyKey(const BlockKey& k) { return (k.lo | k.hi) == 0; }
   static size_t CapacityFor(size_t n) {
     size_t cap = 16;
     while (cap * kMaxLoadEighths < n * 8) cap *= 2;
     return cap;
   }
-  size_t Home(const BlockKey& k) const {
-    // One multiply of lo: keys are hash outputs already (the index picks shards by hi); the
-    // multiply still spreads structured test keys like {0, i}.
-    uint64_t h = k.lo * 0x9E3779B97F4A7C15ull;
-    return static_cast<size_t>(h >> shift_);
-  }
+  // Low bits of lo ^ hi: keys are hash outputs already, so no multiply (it was a fifth of a long
+  // Match's per-key work); folding in hi spreads structured keys that vary in one half only,
+  // like {0, i} or {i, constant}. The index picks shards by hi's upper half, above these bits.
+  size_t Home(const BlockKey& k) const { return static_cast<size_t>(k.lo ^ k.hi) & mask_; }
   void Rehash(size_t cap) {
     std::vector<Slot> old = std::move(slots_);
     slots_.assign(cap, Slot{});
     mask_ = cap - 1;
-    shift_ = 64 - __builtin_ctzll(cap);
     size_ = 0;
     for (const Slot& s : old)
       if (!IsEmptyKey(s.key)) Insert(s.key, s.value);
@@ -143,7 +146,6 @@ class FlatKeyMap {
 
   std::vector<Slot> slots_;
   size_t mask_ = 0;
-  int shift_ = 60;
   size_t size_ = 0;  // keys in slots_ (the zero key is counted apart)
   bool zero_used_ = false;
   V zero_value_{};

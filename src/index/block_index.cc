@@ -23,7 +23,8 @@ uint32_t AtomicLoad(const uint32_t& v) {
 // Invariants: tiers and checksum change only under the exclusive lock; pins also change
 // under the shared lock through atomic_ref (relaxed: pins order nothing else, and eviction
 // reads them under the exclusive lock, which excludes every shared holder).
-struct BlockIndex::Shard {
+// A cache line's multiple: no false sharing between shard locks, and a shift finds a shard.
+struct alignas(64) BlockIndex::Shard {
   mutable SharedMutex mu;
   FlatKeyMap<IndexEntry, 3> map KVTIER_GUARDED_BY(mu);
 };
@@ -96,65 +97,99 @@ bool BlockIndex::IsPinned(const BlockKey& key) const {
 }
 
 // Below this many keys a call locks per key; from it on, every shard's lock (ascending, a fixed
-// order: no lock cycles) once per chunk, which is cheaper than a lock per key.
+// order: no lock cycles) once per chunk, which is cheaper than a lock per key. Returns the index
+// of the key at which fn returned false, or keys.size().
 template <typename Fn>
-void BlockIndex::ForEachShared(std::span<const BlockKey> keys,
-                               Fn&& fn) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+size_t BlockIndex::ForEachShared(std::span<const BlockKey> keys,
+                                 Fn&& fn) const KVTIER_NO_THREAD_SAFETY_ANALYSIS {
   Shard* const shards = shards_.get();
   const uint64_t shard_mask = static_cast<uint64_t>(num_shards_ - 1);
-  auto shard_of = [&](const BlockKey& k) -> Shard& { return shards[(k.hi >> 32) & shard_mask]; };
-  if (keys.size() < static_cast<size_t>(num_shards_) * 4) {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      Shard& s = shard_of(keys[i]);
+  auto map_of = [&](const BlockKey& k) -> const FlatKeyMap<IndexEntry, 3>& {
+    return shards[(k.hi >> 32) & shard_mask].map;
+  };
+  const size_t n = keys.size();
+  if (n < static_cast<size_t>(num_shards_) * 4) {
+    for (size_t i = 0; i < n; ++i) {
+      Shard& s = shards[(keys[i].hi >> 32) & shard_mask];
       ReaderLock lock(&s.mu);
-      if (!fn(i, s.map.Find(keys[i]))) return;
+      if (!fn(i, s.map.Find(keys[i]))) return i;
     }
-    return;
+    return n;
   }
-  bool go = true;
-  for (size_t base = 0; base < keys.size() && go; base += kMatchChunk) {
-    const size_t end = std::min(keys.size(), base + kMatchChunk);
-    for (int i = 0; i < num_shards_; ++i) shards[i].mu.LockShared();
-    for (size_t i = base; i < end; ++i) {
-      // Four keys ahead: the 1M-token table (2 MiB) does not stay in a shared machine's L2,
-      // and a same-time A/B put a long Match 6% faster (medians of 16).
-      if (i + 4 < end) shard_of(keys[i + 4]).map.Prefetch(keys[i + 4]);
-      if (!fn(i, shard_of(keys[i]).map.Find(keys[i]))) {
-        go = false;
-        break;
+  // Keys go in batches: the home slots of the next batch are found and prefetched while this
+  // one is probed, each found once. The 1M-token table (2 MiB) does not stay in L2; batches of
+  // 8, 32 and 64 were no faster than 16.
+  using Map = FlatKeyMap<IndexEntry, 3>;
+  constexpr size_t kBatch = 16;
+  const Map::Slot* homes[2][kBatch];
+  auto find_homes = [&](size_t from, size_t to, const Map::Slot** out) {
+    for (size_t i = from; i < to; ++i) {
+      out[i - from] = map_of(keys[i]).HomeSlot(keys[i]);
+      __builtin_prefetch(out[i - from]);
+    }
+  };
+  for (size_t base = 0; base < n; base += kMatchChunk) {
+    const size_t end = std::min(n, base + kMatchChunk);
+    for (int s = 0; s < num_shards_; ++s) shards[s].mu.LockShared();
+    find_homes(base, std::min(end, base + kBatch), homes[0]);
+    size_t stop = end;
+    for (size_t b = base, cur = 0; b < end && stop == end; b += kBatch, cur ^= 1) {
+      const size_t next = std::min(end, b + kBatch);
+      find_homes(next, std::min(end, next + kBatch), homes[cur ^ 1]);
+      for (size_t i = b; i < next; ++i) {
+        const IndexEntry* e = Map::AtHome(homes[cur][i - b], keys[i]);
+        if (!e) [[unlikely]]
+          e = map_of(keys[i]).Find(keys[i]);
+        if (!fn(i, e)) {
+          stop = i;
+          break;
+        }
       }
     }
-    for (int i = num_shards_; i-- > 0;) shards[i].mu.UnlockShared();
+    for (int s = num_shards_; s-- > 0;) shards[s].mu.UnlockShared();
+    if (stop < end) return stop;
   }
+  return n;
 }
 
 void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
                            PinSet* pins) const {
   result->tier_prefix.fill(0);
-  result->any_prefix = 0;
   result->masks.resize(chain.size());
   TierMask* masks = result->masks.data();
-  TierMask alive = (TierMask{1} << kMaxTiers) - 1;  // tiers whose prefix is unbroken
-  size_t matched = 0;
-  ForEachShared(chain, [&](size_t i, const IndexEntry* e) {
+  // Per key only the mask is kept (a running AND here would carry a dependency through
+  // memory from key to key); the per-tier prefixes come from the masks after.
+  auto visit = [masks](size_t i, const IndexEntry* e) {
     const TierMask m = e ? e->tiers : 0;
-    if (m == 0) return false;
-    for (TierMask broken = alive & ~m; broken; broken &= broken - 1)
-      result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(i);
-    alive &= m;
     masks[i] = m;
-    if (pins) {
+    return m != 0;
+  };
+  size_t matched;
+  if (pins) {
+    matched = ForEachShared(chain, [&](size_t i, const IndexEntry* e) {
+      if (!visit(i, e)) return false;
       AtomicAdd(const_cast<IndexEntry*>(e)->pins, 1);
       pins->keys_.push_back(chain[i]);
-    }
-    matched = i + 1;
-    return true;
-  });
+      return true;
+    });
+    pins->index_ = const_cast<BlockIndex*>(this);
+  } else {
+    matched = ForEachShared(chain, visit);
+  }
   result->any_prefix = static_cast<uint32_t>(matched);
   result->masks.resize(matched);
+  if (matched == 0) return;
+  TierMask alive = masks[0];
+  for (size_t i = 1; i < matched; ++i) alive &= masks[i];
   for (TierMask a = alive; a; a &= a - 1)
     result->tier_prefix[__builtin_ctz(a)] = result->any_prefix;
-  if (pins) pins->index_ = const_cast<BlockIndex*>(this);
+  // A tier in the first block but not in every one: its prefix ends at the first block without it.
+  for (TierMask broken = masks[0] & ~alive; broken; broken &= broken - 1) {
+    const TierMask bit = broken & (~broken + 1);
+    const TierMask* gap =
+        std::find_if(masks, masks + matched, [&](TierMask m) { return !(m & bit); });
+    result->tier_prefix[__builtin_ctz(broken)] = static_cast<uint32_t>(gap - masks);
+  }
 }
 
 void BlockIndex::Match(std::span<const BlockKey> chain, MatchResult* result) const {

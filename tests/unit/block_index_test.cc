@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
 #include <thread>
 
 namespace kvtier {
@@ -112,6 +113,50 @@ TEST(BlockIndexTest, LongChainsCrossChunks) {
   }
   EXPECT_FALSE(index.IsPinned(c[34999]));
   EXPECT_TRUE(index.TryRemoveUnpinned(c[34999], 0));
+}
+
+// Match against a model, on the per-key path (short chains) and the batched one (long chains),
+// with tiers that break at random places and the zero key (kept apart by the table) in the chain.
+TEST(BlockIndexTest, MatchAgreesWithModel) {
+  std::mt19937_64 rng(11);
+  for (int n : {5, 300, 5000}) {
+    for (int round = 0; round < 20; ++round) {
+      BlockIndex index(64);
+      auto c = Chain(n, round);
+      c[rng() % n] = BlockKey{};
+      std::vector<TierMask> model(n);
+      // Tier 0 everywhere but a rare hole; tiers 1 and 2 hold a head that ends at random.
+      const int head1 = static_cast<int>(rng() % (n + 1)),
+                head2 = static_cast<int>(rng() % (n + 1));
+      for (int i = 0; i < n; ++i) {
+        model[i] = (rng() % (4 * n) == 0 ? 0u : 1u) | (i < head1 ? 2u : 0u) | (i < head2 ? 4u : 0u);
+        if (rng() % 50 == 0) model[i] |= 8u;  // tier 3: scattered, never a long prefix
+        for (int t = 0; t < 4; ++t) {
+          if (model[i] >> t & 1) index.AddTier(c[i], t, 0);
+        }
+      }
+      uint32_t any = 0;
+      while (any < static_cast<uint32_t>(n) && model[any] != 0) ++any;
+      MatchResult m;
+      index.Match(c, &m);
+      ASSERT_EQ(m.any_prefix, any) << n;
+      ASSERT_EQ(m.masks, std::vector<TierMask>(model.begin(), model.begin() + any));
+      for (int t = 0; t < kMaxTiers; ++t) {
+        uint32_t want = 0;
+        while (want < any && (model[want] >> t & 1)) ++want;
+        EXPECT_EQ(m.tier_prefix[t], want) << "n " << n << " tier " << t;
+      }
+      PinSet pins;
+      MatchResult pinned;
+      index.MatchAndPin(c, &pinned, &pins);
+      EXPECT_EQ(pinned.any_prefix, any);
+      EXPECT_EQ(pinned.tier_prefix, m.tier_prefix);
+      ASSERT_EQ(pins.size(), any);
+      if (any > 0) {
+        EXPECT_TRUE(index.IsPinned(c[any - 1]));
+      }
+    }
+  }
 }
 
 TEST(BlockIndexTest, ConcurrentMatchAndUpdate) {
