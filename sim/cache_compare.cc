@@ -2,18 +2,10 @@
 
 #include <cmath>
 
-#include "policy/session_aware.h"
-
 namespace kvtier::sim {
 
 std::vector<std::string> DefaultComparePolicies() {
   return {"lru", "lru-tail", "s3fifo", "arc", "session"};
-}
-
-Result<std::unique_ptr<EvictionPolicy>> MakeReplayPolicy(std::string_view name,
-                                                         uint64_t capacity_blocks) {
-  if (name == "session") return MakeSessionAwarePolicy(capacity_blocks);
-  return MakeEvictionPolicy(name, capacity_blocks);
 }
 
 Status CacheCompareOptions::Validate() const {
@@ -70,7 +62,6 @@ Result<CacheCompareResult> CompareCacheOnly(workload::RequestStream& stream,
     o.policy = p;
     o.capacity_tokens = out.capacity_tokens;
     o.touch = options.touch;
-    o.make_policy = MakeReplayPolicy;
     auto r = ReplayCacheOnly(stream, o, sub);
     if (!r.ok()) return r.status().WithContext("policy " + p);
     if ((p == "lru" || p == "lru-tail") && r->hit_rate() > out.best_lru_hit_rate) {

@@ -18,11 +18,6 @@ namespace kvtier::sim {
 // Policies a comparison runs by default.
 std::vector<std::string> DefaultComparePolicies();
 
-// Library policies plus "session" (the session-aware policy, also reachable through
-// MakeEvictionPolicy once registered there).
-Result<std::unique_ptr<EvictionPolicy>> MakeReplayPolicy(std::string_view name,
-                                                         uint64_t capacity_blocks);
-
 struct CacheCompareOptions {
   std::vector<std::string> policies = DefaultComparePolicies();
   uint64_t capacity_tokens = 0;  // used when capacity_live is 0

@@ -5,7 +5,7 @@
 #include <queue>
 
 #include "common/clock.h"
-#include "sim/flat_table.h"
+#include "sim/flat_lru.h"
 
 namespace kvtier::sim {
 namespace {
@@ -129,7 +129,7 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
   workload::ReplayRequest q;
   uint32_t block_tokens = 0;
   std::unique_ptr<EvictionPolicy> policy;
-  FlatTable resident;
+  ReplayMap<uint8_t> resident;
   std::vector<uint8_t> present;
   const std::function<bool(const BlockKey&)> always = [](const BlockKey&) { return true; };
   std::unordered_map<uint64_t, size_t> last_len;  // session -> blocks of its previous request
@@ -139,11 +139,10 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
     KVTIER_RETURN_IF_ERROR(CheckBlockTokens(&block_tokens, q));
     if (!policy) {
       res.capacity_blocks = o.capacity_tokens / block_tokens;
-      auto made = o.make_policy ? o.make_policy(o.policy, res.capacity_blocks)
-                                : MakeEvictionPolicy(o.policy, res.capacity_blocks);
+      auto made = MakeEvictionPolicy(o.policy, res.capacity_blocks);
       if (!made.ok()) return made.status();
       policy = std::move(made).value();
-      resident.Reset(std::min<uint64_t>(res.capacity_blocks + 1, 1 << 22));
+      resident.Reserve(std::min<uint64_t>(res.capacity_blocks + 1, 1 << 22));
     }
     size_t common = 0;
     std::span<const BlockKey> keys = hasher.Keys(q, &common);
@@ -160,18 +159,18 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
     uint64_t matched = 0;
     bool prefix = true;
     for (size_t i = 0; i < n; ++i) {
-      present[i] = resident.Find(keys[i]) != FlatTable::kNone;
+      present[i] = resident.Contains(keys[i]);
       prefix = prefix && present[i];
       matched += prefix;
     }
     auto touch = [&](size_t i) {
       AccessHint hint{q.session, static_cast<uint32_t>(i), q.start_s};
       // Re-check: an eviction earlier in this request may have removed block i.
-      if (present[i] && resident.Find(keys[i]) != FlatTable::kNone) {
+      if (present[i] && resident.Contains(keys[i])) {
         policy->OnAccess(keys[i], hint);
         return;
       }
-      resident.Put(keys[i], 1);
+      resident.Insert(keys[i], 1);
       policy->OnInsert(keys[i], hint);
       ++res.inserted_blocks;
       while (resident.size() > res.capacity_blocks) {
@@ -203,7 +202,7 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
   }
   KVTIER_RETURN_IF_ERROR(stream.status());
   res.seconds = MonotonicSeconds() - start;
-  res.table_bytes = resident.memory_bytes();
+  res.table_bytes = resident.MemoryBytes();
   stream.Rewind();
   return res;
 }
@@ -265,7 +264,6 @@ Result<CacheReplayResult> ReplayCacheOnly(workload::RequestStream& stream,
     // The library's policy of that name, bypassing the built-in lru / lru-tail.
     CacheReplayOptions o = options;
     o.policy = p.substr(4);
-    o.make_policy = {};
     auto r = ReplayPolicy(stream, o, progress);
     if (r.ok()) r->policy = p;
     return r;
@@ -304,7 +302,7 @@ Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& m,
   Tally tally{&res};
   const double start = MonotonicSeconds();
   // Dense ids for the distinct keys, and for every access the request of that key's next use.
-  FlatTable dense(1 << 16);
+  ReplayMap<uint32_t> dense(1 << 16);
   std::vector<uint32_t> access_id;
   std::vector<uint32_t> depth;  // per dense id: block position (fixed by the chain)
   ChainHasher hasher;
@@ -314,13 +312,9 @@ Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& m,
     size_t common = 0;
     auto keys = hasher.Keys(q, &common);
     for (size_t i = 0; i < keys.size(); ++i) {
-      uint32_t id = dense.Find(keys[i]);
-      if (id == FlatTable::kNone) {
-        id = static_cast<uint32_t>(depth.size());
-        dense.Put(keys[i], id);
-        depth.push_back(static_cast<uint32_t>(i));
-      }
-      access_id.push_back(id);
+      auto [id, fresh] = dense.Insert(keys[i], static_cast<uint32_t>(depth.size()));
+      if (fresh) depth.push_back(static_cast<uint32_t>(i));
+      access_id.push_back(*id);
     }
   }
   if (block_tokens == 0) block_tokens = 1;
@@ -387,7 +381,7 @@ Result<CacheReplayResult> ReplayBelady(const workload::MaterializedRequests& m,
     tally.Request(q, matched);
   }
   res.seconds = MonotonicSeconds() - start;
-  res.table_bytes = dense.memory_bytes() + access_id.capacity() * 8 + depth.capacity() * 10;
+  res.table_bytes = dense.MemoryBytes() + access_id.capacity() * 8 + depth.capacity() * 10;
   return res;
 }
 

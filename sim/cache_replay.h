@@ -38,8 +38,6 @@ struct CacheReplayOptions {
   uint64_t capacity_tokens = 0;  // ignored by "ideal"
   // Touch order for library policies (lru and lru-tail fix their own).
   TouchOrder touch = TouchOrder::kTailFirst;
-  // Factory for policies that are not built in; defaults to MakeEvictionPolicy.
-  std::function<Result<std::unique_ptr<EvictionPolicy>>(std::string_view, uint64_t)> make_policy;
 
   Status Validate() const;
 };

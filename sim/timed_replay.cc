@@ -9,7 +9,7 @@
 
 #include "sim/cache_compare.h"
 #include "sim/cache_replay.h"
-#include "sim/flat_table.h"
+#include "sim/flat_lru.h"
 
 namespace kvtier::sim {
 namespace {
@@ -23,7 +23,7 @@ class SimTier {
         policy_(std::move(policy)),
         present_(std::min<uint64_t>(capacity_blocks + 1, 1 << 20)) {}
 
-  bool Contains(const BlockKey& k) const { return present_.Find(k) != FlatTable::kNone; }
+  bool Contains(const BlockKey& k) const { return present_.Contains(k); }
   void Touch(const BlockKey& k, const AccessHint& h) { policy_->OnAccess(k, h); }
   // Inserts (or touches) k; appends what had to leave to *evicted.
   void Put(const BlockKey& k, const AccessHint& h, std::vector<BlockKey>* evicted) {
@@ -31,7 +31,7 @@ class SimTier {
       policy_->OnAccess(k, h);
       return;
     }
-    present_.Put(k, 1);
+    present_.Insert(k, 1);
     policy_->OnInsert(k, h);
     while (present_.size() > capacity_) {
       auto v = policy_->PickVictim(kAny);
@@ -56,7 +56,7 @@ class SimTier {
   std::string name_;
   uint64_t capacity_;
   std::unique_ptr<EvictionPolicy> policy_;
-  FlatTable present_;
+  ReplayMap<uint8_t> present_;
   uint64_t peak_ = 0;
 };
 
@@ -206,7 +206,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
 
   auto make_policy = [&](uint64_t blocks) -> Result<std::unique_ptr<EvictionPolicy>> {
     const std::string name = o.policy == "lru-tail" || o.policy == "lru" ? "lru" : o.policy;
-    return MakeReplayPolicy(name, blocks);
+    return MakeEvictionPolicy(name, blocks);
   };
   std::vector<Replica> reps(o.replicas);
   for (auto& r : reps) {
@@ -255,7 +255,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   std::vector<InFlight> slots;
   std::vector<uint32_t> free_slots;
   ChainHasher hasher;
-  FlatTable ideal(1 << 16);
+  ReplayMap<uint8_t> ideal(1 << 16);
   uint64_t ideal_hits = 0;
   uint64_t issued = 0;
   uint64_t trees_started = 0;
@@ -373,8 +373,8 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       const size_t n = keys.size();
       // Ideal: an infinite cache over the same requests.
       size_t im = 0;
-      while (im < n && ideal.Find(keys[im]) != FlatTable::kNone) ++im;
-      for (size_t i = im; i < n; ++i) ideal.Put(keys[i], 1);
+      while (im < n && ideal.Contains(keys[im])) ++im;
+      for (size_t i = im; i < n; ++i) ideal.Insert(keys[i], 1);
       ideal_hits += std::min<uint64_t>(im * block_tokens, q.prompt_tokens);
 
       session_event(rep, run.sim_id, SessionEvent::kActive, now);

@@ -57,7 +57,6 @@ uint64_t Hits(const MaterializedRequests& m, const std::string& policy, uint64_t
   CacheReplayOptions o;
   o.policy = policy;
   o.capacity_tokens = capacity;
-  o.make_policy = MakeReplayPolicy;
   auto r = ReplayCacheOnly(*stream, o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? r->hit_tokens : 0;
@@ -105,7 +104,6 @@ TEST(CacheOnly, UnknownPolicyIsAnError) {
   CacheReplayOptions o;
   o.policy = "no-such-policy";
   o.capacity_tokens = 64;
-  o.make_policy = MakeReplayPolicy;
   EXPECT_FALSE(ReplayCacheOnly(*stream, o).ok());
   o.policy = "min";
   EXPECT_EQ(ReplayCacheOnly(*stream, o).status().code(), StatusCode::kInvalidArgument);
