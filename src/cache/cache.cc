@@ -236,7 +236,11 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
     }
     r.source[i] = static_cast<int8_t>(src);
     ++r.blocks_by_tier[src];
-    tiers_[src]->hit_blocks.fetch_add(1, std::memory_order_relaxed);
+  }
+  // One atomic add per tier, not per block.
+  for (auto& st : tiers_) {
+    if (r.blocks_by_tier[st->index] > 0)
+      st->hit_blocks.fetch_add(r.blocks_by_tier[st->index], std::memory_order_relaxed);
   }
 
   // A hit refreshes recency: last to first, so a chain's head ends most recent.
