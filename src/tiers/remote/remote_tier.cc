@@ -186,6 +186,18 @@ struct RemoteTier::Node {
   Mutex mu;
   std::vector<std::unique_ptr<RedisConnection>> idle KVTIER_GUARDED_BY(mu);
   CircuitBreaker breaker KVTIER_GUARDED_BY(mu);
+
+  // Counts a failure against the breaker; when that opens it, the idle connections move to
+  // *closing, which the caller destroys after unlocking (closing a socket is a syscall).
+  void RecordFailure(std::atomic<uint64_t>* breaker_opens,
+                     std::vector<std::unique_ptr<RedisConnection>>* closing) KVTIER_REQUIRES(mu) {
+    const uint64_t opens = breaker.opens();
+    breaker.RecordFailure(SteadyNowNs());
+    if (breaker.opens() != opens) {
+      breaker_opens->fetch_add(1, std::memory_order_relaxed);
+      closing->swap(idle);
+    }
+  }
 };
 
 enum class OpKind : uint8_t { kGet, kSet, kExists, kDel };
@@ -469,11 +481,18 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
                                  ": circuit open after repeated failures; next try in " +
                                  std::to_string(wait_ms) + " ms");
     }
-    while (!node->idle.empty()) {
-      std::unique_ptr<RedisConnection> conn = std::move(node->idle.back());
+  }
+  // An idle connection is taken under the lock and probed outside it: the probe is a recv and
+  // dropping a dead one a close, and other callers of this node should not wait on either.
+  while (true) {
+    std::unique_ptr<RedisConnection> conn;
+    {
+      MutexLock lock(&node->mu);
+      if (node->idle.empty()) break;
+      conn = std::move(node->idle.back());
       node->idle.pop_back();
-      if (!conn->Dead()) return conn;
     }
+    if (!conn->Dead()) return conn;
   }
   Result<std::unique_ptr<RedisConnection>> conn =
       RedisConnection::Open(node->address, conn_options_, deadline_ns);
@@ -482,23 +501,20 @@ Result<std::unique_ptr<RedisConnection>> RemoteTier::Acquire(Node* node,
     return conn;
   }
   counters_.connect_failures.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::unique_ptr<RedisConnection>> closing;  // closed after the lock
   MutexLock lock(&node->mu);
   // A refused AUTH is a configuration error, not an outage, and leaves a closed breaker alone;
   // but a half-open breaker's probe must end in a verdict, or the node is shut out for good.
   if (conn.status().code() != StatusCode::kInvalidArgument ||
       node->breaker.state() == CircuitBreaker::State::kHalfOpen) {
-    uint64_t opens = node->breaker.opens();
-    node->breaker.RecordFailure(SteadyNowNs());
-    if (node->breaker.opens() != opens) {
-      counters_.breaker_opens.fetch_add(1, std::memory_order_relaxed);
-      node->idle.clear();
-    }
+    node->RecordFailure(&counters_.breaker_opens, &closing);
   }
   return conn.status();
 }
 
 void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const {
-  std::unique_ptr<RedisConnection> drop;  // closed outside the lock
+  std::unique_ptr<RedisConnection> drop;                  // closed after the lock
+  std::vector<std::unique_ptr<RedisConnection>> closing;  // likewise
   if (healthy && conn != nullptr) conn->SetRecvLowWater(1);
   MutexLock lock(&node->mu);
   if (healthy) {
@@ -511,12 +527,7 @@ void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool
     return;
   }
   drop = std::move(conn);
-  uint64_t opens = node->breaker.opens();
-  node->breaker.RecordFailure(SteadyNowNs());
-  if (node->breaker.opens() != opens) {
-    counters_.breaker_opens.fetch_add(1, std::memory_order_relaxed);
-    node->idle.clear();
-  }
+  node->RecordFailure(&counters_.breaker_opens, &closing);
 }
 
 // ---------------------------------------------------------------------------------------------
