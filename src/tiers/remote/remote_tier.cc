@@ -227,7 +227,11 @@ struct RemoteTier::Batch {
         results(rs),
         hashes(ks.size()),
         trailers(ks.size()) {}
-  Batch() = default;
+  // An EXISTS or DEL batch: keys only, results owned (all Ok to start).
+  Batch(OpKind k, std::span<const BlockKey> ks)
+      : kind(k), keys(ks), owned_results(ks.size(), Status::Ok()), results(owned_results) {}
+  Batch(const Batch&) = delete;  // results may point into owned_results
+  Batch& operator=(const Batch&) = delete;
 };
 
 struct RemoteTier::Flight {
@@ -324,13 +328,13 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
       MutexLock lock(&topo_mu_);
       node = nodes_[InternNodeLocked(seed)].get();
     }
-    Result<std::unique_ptr<RedisConnection>> conn = Acquire(node, deadline_ns);
-    if (!conn.ok()) {
-      if (conn.status().code() == StatusCode::kInvalidArgument) return conn.status();
-      last = conn.status();
-      continue;
-    }
     if (options_.mode == "single") {
+      Result<std::unique_ptr<RedisConnection>> conn = Acquire(node, deadline_ns);
+      if (!conn.ok()) {
+        if (conn.status().code() == StatusCode::kInvalidArgument) return conn.status();
+        last = conn.status();
+        continue;
+      }
       Release(node, std::move(*conn), true);
       MutexLock lock(&topo_mu_);
       slot_node_.fill(InternNodeLocked(seed));
@@ -338,16 +342,15 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
       discovered_ = true;
       return Status::Ok();
     }
-    Result<ReplyPtr> reply = (*conn)->Command({"CLUSTER", "SLOTS"});
+    Result<ReplyPtr> reply = CommandOn(node, {"CLUSTER", "SLOTS"}, deadline_ns);
     if (!reply.ok()) {
-      Release(node, std::move(*conn), false);
+      if (reply.status().code() == StatusCode::kInvalidArgument) return reply.status();
       last = reply.status();
       continue;
     }
     const redisReply* r = reply->get();
     if (r->type == REDIS_REPLY_ERROR) {
       std::string text(r->str, r->len);
-      Release(node, std::move(*conn), true);
       if (StartsWith(text, "NOAUTH") || StartsWith(text, "WRONGPASS")) {
         return Status::InvalidArgument("password: " + seed.ToString() + " requires AUTH: " + text);
       }
@@ -370,12 +373,10 @@ Status RemoteTier::Discover(int64_t deadline_ns) {
       continue;
     }
     if (url_.db != 0) {
-      Release(node, std::move(*conn), true);
       return Status::InvalidArgument("url: " + seed.ToString() +
                                      " is a cluster, which has only database 0");
     }
     Result<std::vector<SlotRange>> ranges = ParseClusterSlots(r, seed.host);
-    Release(node, std::move(*conn), true);
     if (!ranges.ok()) {
       last = ranges.status();
       continue;
@@ -443,19 +444,12 @@ Status RemoteTier::RefreshTopologyLocked(int64_t deadline_ns) {
   }
   Status last = Status::Unavailable("no node answered CLUSTER SLOTS");
   for (Node* node : candidates) {
-    Result<std::unique_ptr<RedisConnection>> conn = Acquire(node, deadline_ns);
-    if (!conn.ok()) {
-      last = conn.status();
-      continue;
-    }
-    Result<ReplyPtr> reply = (*conn)->Command({"CLUSTER", "SLOTS"});
+    Result<ReplyPtr> reply = CommandOn(node, {"CLUSTER", "SLOTS"}, deadline_ns);
     if (!reply.ok()) {
-      Release(node, std::move(*conn), false);
       last = reply.status();
       continue;
     }
     Result<std::vector<SlotRange>> ranges = ParseClusterSlots(reply->get(), node->address.host);
-    Release(node, std::move(*conn), true);
     if (!ranges.ok()) {
       last = ranges.status();
       continue;
@@ -528,6 +522,14 @@ void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool
   }
   drop = std::move(conn);
   node->RecordFailure(&counters_.breaker_opens, &closing);
+}
+
+Result<ReplyPtr> RemoteTier::CommandOn(Node* node, const std::vector<std::string>& argv,
+                                       int64_t deadline_ns) const {
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisConnection> conn, Acquire(node, deadline_ns));
+  Result<ReplyPtr> reply = conn->Command(argv);
+  Release(node, std::move(conn), reply.ok());
+  return reply;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -939,9 +941,8 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
   }
 }
 
-void RemoteTier::Run(Batch& batch) {
+void RemoteTier::Route(Batch& batch) const {
   const size_t n = batch.keys.size();
-  int64_t deadline = SteadyNowNs() + int64_t{options_.timeout_ms} * kMs;
   batch.rkeys.resize(n);
   batch.slots.resize(n);
   batch.target.assign(n, kNoNode);
@@ -950,6 +951,12 @@ void RemoteTier::Run(Batch& batch) {
     batch.rkeys[i] = RedisKeyOf(options_.key_prefix, batch.keys[i]);
     batch.slots[i] = KeyHashSlot(batch.rkeys[i]);
   }
+}
+
+void RemoteTier::Run(Batch& batch) {
+  const size_t n = batch.keys.size();
+  int64_t deadline = SteadyNowNs() + int64_t{options_.timeout_ms} * kMs;
+  Route(batch);
   MaybeRefresh(deadline);
   std::vector<size_t> pending;
   for (size_t i = 0; i < n; ++i) {
@@ -967,19 +974,8 @@ void RemoteTier::DropCorrupt(Batch& batch, int64_t deadline_ns) {
   counters_.corruptions.fetch_add(batch.corrupt.size(), std::memory_order_relaxed);
   std::vector<BlockKey> keys;
   for (size_t i : batch.corrupt) keys.push_back(batch.keys[i]);
-  Batch del;
-  del.kind = OpKind::kDel;
-  del.keys = keys;
-  del.owned_results.assign(keys.size(), Status::Ok());
-  del.results = del.owned_results;
-  del.rkeys.resize(keys.size());
-  del.slots.resize(keys.size());
-  del.target.assign(keys.size(), kNoNode);
-  del.asking.assign(keys.size(), 0);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    del.rkeys[i] = batch.rkeys[batch.corrupt[i]];
-    del.slots[i] = batch.slots[batch.corrupt[i]];
-  }
+  Batch del(OpKind::kDel, keys);
+  Route(del);
   std::vector<size_t> pending(keys.size());
   for (size_t i = 0; i < pending.size(); ++i) pending[i] = i;
   // Best effort, within what is left of the caller's deadline: a failed delete only means
@@ -1028,12 +1024,8 @@ void RemoteTier::GetImpl(std::span<const BlockKey> keys, std::span<const Mutable
 }
 
 Status RemoteTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
-  Batch batch;
-  batch.kind = OpKind::kExists;
-  batch.keys = keys;
+  Batch batch(OpKind::kExists, keys);
   batch.exists = out;
-  batch.owned_results.assign(keys.size(), Status::Ok());
-  batch.results = batch.owned_results;
   for (size_t i = 0; i < keys.size(); ++i) out[i] = false;
   Run(batch);
   // A key whose node could not answer reads as absent (a miss is always safe for a cache);
@@ -1052,11 +1044,7 @@ Status RemoteTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> ou
 }
 
 Status RemoteTier::EraseImpl(std::span<const BlockKey> keys) {
-  Batch batch;
-  batch.kind = OpKind::kDel;
-  batch.keys = keys;
-  batch.owned_results.assign(keys.size(), Status::Ok());
-  batch.results = batch.owned_results;
+  Batch batch(OpKind::kDel, keys);
   Run(batch);
   for (const Status& s : batch.owned_results) {
     if (!s.ok()) return s;
@@ -1087,13 +1075,8 @@ uint64_t RemoteTier::UsedBytesImpl() const {
   uint64_t total = 0;
   int64_t deadline = now + std::min<int64_t>(int64_t{options_.timeout_ms} * kMs, 200 * kMs);
   for (Node* node : nodes) {
-    Result<std::unique_ptr<RedisConnection>> conn = Acquire(node, deadline);
-    if (!conn.ok()) continue;
-    Result<ReplyPtr> reply = (*conn)->Command({"INFO", "memory"});
-    if (!reply.ok()) {
-      Release(node, std::move(*conn), false);
-      continue;
-    }
+    Result<ReplyPtr> reply = CommandOn(node, {"INFO", "memory"}, deadline);
+    if (!reply.ok()) continue;
     const redisReply* r = reply->get();
     if (r->type == REDIS_REPLY_STRING) {
       std::string_view text(r->str, r->len);
@@ -1105,7 +1088,6 @@ uint64_t RemoteTier::UsedBytesImpl() const {
         total += v;
       }
     }
-    Release(node, std::move(*conn), true);
   }
   used_bytes_.store(total, std::memory_order_relaxed);
   return total;

@@ -135,7 +135,13 @@ class RemoteTier final : public Tier {
 
   Result<std::unique_ptr<RedisConnection>> Acquire(Node* node, int64_t deadline_ns) const;
   void Release(Node* node, std::unique_ptr<RedisConnection> conn, bool healthy) const;
+  // One command on node over a pooled connection, which goes back healthy unless the command
+  // failed on the wire (an error reply is still a healthy connection).
+  Result<ReplyPtr> CommandOn(Node* node, const std::vector<std::string>& argv,
+                             int64_t deadline_ns) const;
 
+  // Fills each key's Redis key, slot and routing state.
+  void Route(Batch& batch) const;
   void Run(Batch& batch);
   void RunRound(Batch& batch, std::vector<size_t>& pending, int64_t deadline_ns);
   void BuildFlight(Batch& batch, Flight& flight);
