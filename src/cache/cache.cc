@@ -72,8 +72,10 @@ struct TierState {
   std::shared_ptr<Tier> tier;
   TierCapabilities caps;
   bool cache_verifies = false;  // verify_on_load and the tier does not verify reads itself
-  Mutex mu;  // serialises residency changes of this tier: policy, admission, Put, Erase
+  Mutex mu;  // serialises residency changes of this tier: policy, admission, room, Erase
   std::unique_ptr<EvictionPolicy> policy KVTIER_GUARDED_BY(mu);
+  // Blocks given room whose Put is in flight outside mu; they count as occupied.
+  size_t reserved KVTIER_GUARDED_BY(mu) = 0;
   AdmissionPolicy admission KVTIER_GUARDED_BY(mu){AdmissionOptions{}};
   std::atomic<uint64_t> hit_blocks{0}, evictions{0}, writebacks{0}, rejected{0}, corruptions{0};
 };
@@ -172,13 +174,15 @@ class Cache::Impl {
   // Frees room for `need` more blocks in a cache-managed tier; returns how many fit.
   size_t MakeRoom(TierState& st, size_t need, std::vector<PendingEvent>* events)
       KVTIER_REQUIRES(st.mu);
-  // Puts keys[todo[j]] and records the stored ones in the index and events; returns the
-  // positions j (last to first) whose Put succeeded.
-  std::vector<size_t> PutTodo(TierState& st, std::span<const BlockKey> keys,
+  // Puts keys[todo[j]]; returns each one's status (the call's, when the whole call failed).
+  std::vector<Status> PutTodo(TierState& st, std::span<const BlockKey> keys,
                               std::span<const ConstBlock> blocks,
-                              std::span<const uint64_t> checksums,
-                              const std::vector<uint32_t>& todo, std::span<Status> results,
-                              uint32_t* stored, std::vector<PendingEvent>* events);
+                              const std::vector<uint32_t>& todo);
+  // Copies the Put statuses into results and records the stored blocks in the index and the
+  // events (last to first).
+  void Record(TierState& st, std::span<const BlockKey> keys, std::span<const uint64_t> checksums,
+              const std::vector<uint32_t>& todo, std::span<const Status> put,
+              std::span<Status> results, uint32_t* stored, std::vector<PendingEvent>* events);
   void DropBlock(TierState& st, const BlockKey& key);
   void EmitAll(const std::vector<PendingEvent>& events) {
     for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier);
@@ -410,7 +414,7 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   auto evictable = [this](const BlockKey& k) { return !index_.IsPinned(k); };
   size_t attempts = 0;
-  while (st.policy->size() + need > cap) {
+  while (st.policy->size() + st.reserved + need > cap) {
     std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
     if (!victim) break;
     // Read the entry first: removing the last tier drops it, checksum and all.
@@ -445,7 +449,8 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<PendingEven
     st.evictions.fetch_add(1, std::memory_order_relaxed);
     events->push_back({KvEvent::Type::kRemoved, *victim, st.index});
   }
-  return st.policy->size() >= cap ? 0 : std::min<size_t>(need, cap - st.policy->size());
+  const uint64_t held = st.policy->size() + st.reserved;
+  return held >= cap ? 0 : std::min<size_t>(need, cap - held);
 }
 
 void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
@@ -508,26 +513,33 @@ void Cache::Impl::StoreToTier(TierState& st, std::span<const BlockKey> keys,
       }
       todo.resize(fit);
       if (todo.empty()) return;
-      for (size_t j : PutTodo(st, keys, blocks, checksums, todo, results, stored, events)) {
-        AccessHint hint;
-        hint.position = todo[j];
-        st.policy->OnInsert(keys[todo[j]], hint);
-      }
-      return;
+      st.reserved += todo.size();
     }
   }
-  // A self-managed tier (disk, remote) bounds itself and is thread-safe: its Put runs outside
-  // st.mu, so concurrent Stores reach Redis or the SSD in parallel. A block it drops at once is
-  // a miss on Load, which keeps the index honest.
-  (void)PutTodo(st, keys, blocks, checksums, todo, results, stored, events);
+  // The Put runs outside st.mu: copies into host DRAM (or a self-managed tier's I/O) must not
+  // hold up Lookups, Loads and other Stores of this tier. A managed tier's blocks have room
+  // reserved above; self-managed tiers (disk, remote) bound themselves.
+  std::vector<Status> put = PutTodo(st, keys, blocks, todo);
+  if (!st.caps.managed_by_cache) {
+    // A block the tier drops at once is a miss on Load, which keeps the index honest.
+    Record(st, keys, checksums, todo, put, results, stored, events);
+    return;
+  }
+  // The policy, then the index: a Lookup never finds a block its tier's policy does not hold.
+  MutexLock lock(&st.mu);
+  st.reserved -= todo.size();
+  for (size_t j = todo.size(); j-- > 0;) {
+    if (!put[j].ok()) continue;
+    AccessHint hint;
+    hint.position = todo[j];
+    st.policy->OnInsert(keys[todo[j]], hint);
+  }
+  Record(st, keys, checksums, todo, put, results, stored, events);
 }
 
-std::vector<size_t> Cache::Impl::PutTodo(TierState& st, std::span<const BlockKey> keys,
+std::vector<Status> Cache::Impl::PutTodo(TierState& st, std::span<const BlockKey> keys,
                                          std::span<const ConstBlock> blocks,
-                                         std::span<const uint64_t> checksums,
-                                         const std::vector<uint32_t>& todo,
-                                         std::span<Status> results, uint32_t* stored,
-                                         std::vector<PendingEvent>* events) {
+                                         const std::vector<uint32_t>& todo) {
   std::vector<BlockKey> pk;
   std::vector<ConstBlock> pb;
   pk.reserve(todo.size());
@@ -538,18 +550,22 @@ std::vector<size_t> Cache::Impl::PutTodo(TierState& st, std::span<const BlockKey
   }
   std::vector<Status> ps(todo.size());
   Status call = st.tier->Put(pk, pb, ps);
-  std::vector<size_t> ok;
+  if (!call.ok()) std::fill(ps.begin(), ps.end(), call);
+  return ps;
+}
+
+void Cache::Impl::Record(TierState& st, std::span<const BlockKey> keys,
+                         std::span<const uint64_t> checksums, const std::vector<uint32_t>& todo,
+                         std::span<const Status> put, std::span<Status> results, uint32_t* stored,
+                         std::vector<PendingEvent>* events) {
   for (size_t j = todo.size(); j-- > 0;) {
     const uint32_t i = todo[j];
-    Status s = call.ok() ? ps[j] : call;
-    results[i] = s;
-    if (!s.ok()) continue;
+    results[i] = put[j];
+    if (!put[j].ok()) continue;
     index_.AddTier(keys[i], st.index, checksums[i]);
-    ok.push_back(j);
     ++*stored;
     events->push_back({KvEvent::Type::kStored, keys[i], st.index});
   }
-  return ok;
 }
 
 Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,

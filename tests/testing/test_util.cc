@@ -75,6 +75,7 @@ FaultyTier::FaultyTier(const KvLayout& layout, uint64_t capacity, std::string na
 
 void FaultyTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                          std::span<Status> results) {
+  if (on_put) on_put();
   if (fail_writes) {
     for (auto& r : results) r = Status::Unavailable(name() + ": injected write failure");
     return;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,8 @@ class FaultyTier final : public Tier {
   std::atomic<bool> fail_reads{false};     // every Get is Unavailable
   std::atomic<bool> fail_writes{false};    // every Put is Unavailable
   std::atomic<int> gets{0};
+  // Called at the start of every Put (set before use): a test can hold a Put in flight.
+  std::function<void()> on_put;
 
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,

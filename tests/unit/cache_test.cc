@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
 #include <mutex>
 
 #include "testing/test_util.h"
@@ -331,6 +332,61 @@ TEST(CacheTest, PinnedBlocksAreNotEvicted) {
   lk->pins.Release();
   st = cache->Store(b, bb.views);
   EXPECT_EQ(st->stored_blocks, 2u);
+}
+
+// A Store's copy into a cache-managed tier runs outside the tier's lock: while one Put is held
+// in flight, a Lookup and a Load of that tier, and a Store of other blocks, still complete, and
+// room reserved for the held Put is not handed out twice.
+TEST(CacheTest, LookupsAndStoresProceedWhileAPutIsInFlight) {
+  auto tier = FaultyTier::Make(SmallLayout(kBt), 6 * SmallLayout(kBt).bytes_per_block());
+  auto cache = OpenCache({Instance(tier)});
+  auto a = Tokens(3 * kBt, 100);
+  Blocks ba(*cache, a, 0, 3);
+  ASSERT_TRUE(cache->Store(a, ba.views).ok());
+
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> hold{true};
+  tier->on_put = [&] {
+    if (hold.exchange(false)) {
+      entered.set_value();
+      released.wait();
+    }
+  };
+  auto b = Tokens(2 * kBt, 200);
+  Blocks bb(*cache, b, 0, 2);
+  auto held = std::async(std::launch::async, [&] { return cache->Store(b, bb.views); });
+  entered.get_future().wait();
+
+  // Under the old lock these would wait for the held Put; a timeout fails instead of hanging.
+  auto other = std::async(std::launch::async, [&] {
+    auto lk = cache->Lookup(a);
+    EXPECT_TRUE(lk.ok());
+    EXPECT_EQ(lk->hit_blocks, 3u);
+    Buffers out(*cache, 3);
+    EXPECT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 3u);
+    ExpectBlockBytes(*cache, a, out, 3);
+    lk->pins.Release();
+    EXPECT_EQ(cache->Lookup(b)->hit_blocks, 0u);  // not published while its Put is held
+    // 3 resident + 2 reserved leave room for one more block, not two.
+    auto c = Tokens(2 * kBt, 300);
+    Blocks bc(*cache, c, 0, 2);
+    auto st = cache->Store(c, bc.views);
+    EXPECT_TRUE(st.ok());
+    EXPECT_EQ(st->stored_blocks, 2u);
+    EXPECT_EQ(cache->Lookup(c)->hit_blocks, 2u);
+  });
+  const bool done = other.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  release.set_value();
+  ASSERT_TRUE(done) << "a Lookup or Store waited on another Store's Put";
+  other.get();
+  auto st = held.get();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->stored_blocks, 2u);
+  EXPECT_EQ(cache->Lookup(b)->hit_blocks, 2u);
+  EXPECT_EQ(cache->Lookup(a)->hit_blocks, 2u);  // c's room came from a's tail
+  EXPECT_EQ(cache->stats().tiers[0].resident_blocks, 6u);
+  EXPECT_LE(tier->used_bytes(), tier->capacity_bytes());
 }
 
 TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
