@@ -161,7 +161,8 @@ Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
   const uint64_t n =
       std::clamp<uint64_t>(options_.buffer_bytes / record_bytes_, 1, options_.queue_depth);
   IoEngineOptions eo;
-  eo.backend = options_.io;
+  // After a ring failed, new contexts do not try io_uring again (see Put).
+  eo.backend = ring_failed_.load(std::memory_order_relaxed) ? IoBackend::kSync : options_.io;
   eo.queue_depth = static_cast<uint32_t>(n);
   eo.register_buffers = options_.register_buffers;
   for (uint64_t i = 0; i < n; ++i) {
@@ -169,7 +170,8 @@ Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
     eo.buffers.push_back(ctx->buffers.back().span());
   }
   ctx->iov.resize(n);
-  KVTIER_ASSIGN_OR_RETURN(ctx->engine, MakeIoEngine(eo));
+  KVTIER_ASSIGN_OR_RETURN(ctx->engine,
+                          options_.make_io_engine ? options_.make_io_engine(eo) : MakeIoEngine(eo));
   return ctx;
 }
 
@@ -190,6 +192,11 @@ std::unique_ptr<DiskStore::IoContext> DiskStore::AcquireReader() {
 void DiskStore::ReleaseReader(std::unique_ptr<IoContext> ctx) {
   MutexLock l(&pool_mu_);
   readers_.push_back(std::move(ctx));
+}
+
+void DiskStore::RetireContext(std::unique_ptr<IoContext> ctx) {
+  MutexLock l(&pool_mu_);
+  broken_.push_back(std::move(ctx));
 }
 
 Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
@@ -422,25 +429,11 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
       syncs_.fetch_add(1, std::memory_order_relaxed);
       durable_seq_.store(next_seq_ - 1);
     }
-    MutexLock l(&mu_);
-    sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
-    active_.reset();
   }
 
-  // Evict oldest segments until the new one fits under the capacity.
-  std::vector<std::pair<BlockKey, Location>> hot;
-  std::vector<std::shared_ptr<Segment>> evicted;
-  for (;;) {
-    uint64_t victim = 0;
-    {
-      MutexLock l(&mu_);
-      if (sealed_bytes_ + segment_bytes_ <= options_.capacity_bytes || segments_.empty()) break;
-      victim = segments_.begin()->first;
-      evicted.push_back(segments_.begin()->second);
-    }
-    EvictSegment(victim, removed, &hot);
-  }
-
+  // The new file is made whole before anything is evicted: a roll that fails (EMFILE, ENOSPC,
+  // a read-only directory) then loses nothing, and the sealed old segment stays active (full,
+  // so the next write tries the roll again).
   auto seg = std::make_shared<Segment>();
   seg->id = next_segment_id_++;
   seg->path = options_.path + "/" + SegmentFileName(seg->id);
@@ -450,8 +443,16 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     direct_ = false;
     seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   }
-  if (seg->fd < 0)
-    return Status::Unavailable(fmt::format("{}: create: {}", seg->path, Errno(errno)));
+  if (seg->fd < 0) {
+    return Status::Unavailable(
+        fmt::format("{}: cannot start a new segment: create: {}", seg->path, Errno(errno)));
+  }
+  auto fail = [&](std::string_view what, ssize_t rc) {
+    const std::string why = rc < 0 ? Errno(errno) : std::string("short write");
+    ::unlink(seg->path.c_str());
+    return Status::Unavailable(
+        fmt::format("{}: cannot start a new segment: {}: {}", seg->path, what, why));
+  };
   SegmentHeader sh;
   sh.segment_id = seg->id;
   sh.layout_fingerprint = options_.layout_fingerprint;
@@ -460,27 +461,47 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
   sh.created_unix_ns = NowUnixNs();
   AlignedBuffer& page = writer_->buffers[0];
   EncodeSegmentHeader(sh, page.span().first(kPageBytes));
-  if (::pwrite(seg->fd, page.data(), kPageBytes, 0) != static_cast<ssize_t>(kPageBytes)) {
-    const int err = errno;
-    ::unlink(seg->path.c_str());
-    return Status::Unavailable(fmt::format("{}: writing the segment header: {}", seg->path,
-                                           err ? Errno(err) : std::string("short write")));
-  }
+  const ssize_t wrote = ::pwrite(seg->fd, page.data(), kPageBytes, 0);
+  if (wrote != static_cast<ssize_t>(kPageBytes)) return fail("writing the segment header", wrote);
   seg->bytes.store(kPageBytes, std::memory_order_relaxed);
   seg->synced = false;
   // Preallocated: O_DIRECT writes inside the file's size neither allocate nor extend it, which
-  // on ext4 is the difference between queued and serialised appends. Best effort.
-  (void)::fallocate(seg->fd, 0, 0, static_cast<off_t>(segment_bytes_));
+  // on ext4 is the difference between queued and serialised appends. A filesystem without
+  // fallocate is fine; one without the room is not.
+  if (::fallocate(seg->fd, 0, 0, static_cast<off_t>(segment_bytes_)) != 0 &&
+      (errno == ENOSPC || errno == EDQUOT || errno == EFBIG || errno == EIO)) {
+    return fail("fallocate", -1);
+  }
   if (options_.sync != SyncPolicy::kNone) {
     // The new file's name must survive a crash before any record in it counts as durable.
     if (::fdatasync(seg->fd) == 0 && ::fsync(dir_fd_) == 0) seg->synced = true;
   }
+
+  // Evict oldest segments until the new one fits under the capacity.
+  std::vector<std::pair<BlockKey, Location>> hot;
+  std::vector<std::shared_ptr<Segment>> evicted;
+  for (;;) {
+    uint64_t victim = 0;
+    {
+      MutexLock l(&mu_);
+      const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
+      if (sealed_bytes_ + old_bytes + segment_bytes_ <= options_.capacity_bytes ||
+          segments_.empty()) {
+        break;
+      }
+      victim = segments_.begin()->first;
+      if (old && victim == old->id) break;  // unreachable: the capacity holds two segments
+      evicted.push_back(segments_.begin()->second);
+    }
+    EvictSegment(victim, removed, &hot);
+  }
   {
     MutexLock l(&mu_);
+    if (old) sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
     segments_[seg->id] = seg;
     active_ = seg;
   }
-  if (!hot.empty()) Reinsert(hot, removed);
+  if (!hot.empty()) Reinsert(hot, seg, removed);
   {
     MutexLock l(&mu_);
     for (const auto& s : evicted) retiring_.erase(s->id);
@@ -489,6 +510,14 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
   // holding a segment keep its descriptor open until they finish.
   for (const auto& s : evicted) ::unlink(s->path.c_str());
   return Status::Ok();
+}
+
+bool DiskStore::RollEvicts(uint64_t first_id) const {
+  uint64_t newer = 0;
+  for (auto it = segments_.lower_bound(first_id); it != segments_.end(); ++it) {
+    newer += it->second->bytes.load(std::memory_order_relaxed);
+  }
+  return newer + segment_bytes_ > options_.capacity_bytes;
 }
 
 void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
@@ -520,16 +549,15 @@ void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
 }
 
 void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
-                         std::vector<BlockKey>* removed) {
-  // Runs right after a roll: the budget (a quarter segment) fits in the new active segment.
+                         const std::shared_ptr<Segment>& dst, std::vector<BlockKey>* removed) {
+  // Runs right after a roll: the budget (a quarter segment) fits in the new segment, dst.
   AlignedBuffer& buf = writer_->buffers[0];
   for (const auto& [key, loc] : hot) {
-    std::shared_ptr<Segment> dst, src;
+    std::shared_ptr<Segment> src;
     {
       MutexLock l(&mu_);
       auto e = index_.find(key);
       if (e == index_.end() || e->second.seq != loc.seq) continue;  // changed meanwhile
-      dst = active_;
       auto r = retiring_.find(loc.segment_id);  // the evicted segment, still open
       if (r != retiring_.end()) src = r->second;
     }
@@ -588,15 +616,17 @@ void DiskStore::Put(std::span<const BlockKey> keys,
       MutexLock l(&mu_);
       seg = active_;
     }
+    // Segments from this id on hold this batch's blocks (0: none yet); it never evicts them.
+    uint64_t first_segment = 0;
     for (Status& r : results) r = Status::Unavailable("write not completed");
     bool wrote = false;
     size_t next = 0;
     // sums[i - sums_base] is the payload checksum of block i, for next <= i < summed.
     std::vector<uint64_t> sums;
     size_t summed = 0, sums_base = 0;
-    Status roll_error;
+    Status stop;  // why the blocks from `next` on are not written
     while (next < keys.size() || ctx.engine->outstanding() > 0) {
-      while (next < keys.size() && !free_bufs.empty() && roll_error.ok()) {
+      while (next < keys.size() && !free_bufs.empty() && stop.ok()) {
         if (blocks[next].size() != options_.block_bytes) {
           results[next] =
               Status::InvalidArgument(fmt::format("block of {} bytes, the tier's blocks are {}",
@@ -604,11 +634,30 @@ void DiskStore::Put(std::span<const BlockKey> keys,
           ++next;
           continue;
         }
-        uint64_t off = seg->bytes.load(std::memory_order_relaxed);
+        uint64_t off = seg != nullptr ? seg->bytes.load(std::memory_order_relaxed) : segment_bytes_;
         if (off + record_bytes_ > segment_bytes_) {
           if (ctx.engine->outstanding() > 0) break;  // drain before sealing
-          roll_error = RollSegment(&removed);
-          if (!roll_error.ok()) break;
+          bool self_evicting = false;
+          if (first_segment != 0) {
+            MutexLock l(&mu_);
+            self_evicting = RollEvicts(first_segment);
+          }
+          if (self_evicting) {
+            // Writing on would evict this batch's own head, and a prefix is useless without its
+            // head: the head stays (as the Cache does for a full tier) and the tail is refused.
+            stop = Status::ResourceExhausted(fmt::format(
+                "batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
+                "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
+                "before them kept",
+                keys.size(), keys.size() * record_bytes_, options_.capacity_bytes, segment_bytes_,
+                next, keys.size() - 1));
+            break;
+          }
+          stop = RollSegment(&removed);
+          if (!stop.ok()) {
+            spdlog::error("disk tier {}: {}", options_.path, stop.ToString());
+            break;
+          }
           MutexLock l(&mu_);
           seg = active_;
           off = seg->bytes.load(std::memory_order_relaxed);
@@ -639,11 +688,12 @@ void DiskStore::Put(std::span<const BlockKey> keys,
         seg->bytes.store(off + record_bytes_, std::memory_order_relaxed);
         seg->synced = false;
         pending[b] = {next, Location{seg->id, off, h.sequence, false}};
+        if (first_segment == 0) first_segment = seg->id;
         ctx.engine->Queue(req);
         ++next;
       }
-      if (!roll_error.ok()) {
-        for (; next < keys.size(); ++next) results[next] = roll_error;
+      if (!stop.ok()) {
+        for (; next < keys.size(); ++next) results[next] = stop;
       }
       if (ctx.engine->outstanding() == 0) continue;
       // While the device writes, the next block's checksum is computed (one ahead per wait).
@@ -660,9 +710,23 @@ void DiskStore::Put(std::span<const BlockKey> keys,
       done.clear();
       Status st = ctx.engine->Wait(1, &done);
       if (!st.ok()) {
-        // The ring itself failed: nothing more can be trusted to complete.
-        spdlog::error("disk tier {}: {}", options_.path, st.ToString());
+        // The ring itself failed: what it holds never completes, so those blocks and the rest
+        // are not stored. A ring that failed once is not trusted again (its kernel or device
+        // is likely to fail the next one the same way, and a retry could hang): this context
+        // and every one made from now on use pread/pwrite.
+        spdlog::error("disk tier {}: {}; going on with pread/pwrite", options_.path, st.ToString());
+        std::vector<bool> busy(nbuf, true);
+        for (uint32_t b : free_bufs) busy[b] = false;
+        for (uint32_t b = 0; b < nbuf; ++b) {
+          if (busy[b]) results[pending[b].index] = Status::Unavailable(st.message());
+        }
         for (; next < keys.size(); ++next) results[next] = Status::Unavailable(st.message());
+        ring_failed_.store(true, std::memory_order_relaxed);
+        auto fresh = MakeContext();
+        if (fresh.ok()) {
+          RetireContext(std::move(writer_));
+          writer_ = std::move(fresh).value();
+        }
         break;
       }
       MutexLock l(&mu_);
@@ -681,16 +745,6 @@ void DiskStore::Put(std::span<const BlockKey> keys,
       }
     }
     written_seq_.store(next_seq_ - 1);
-    if (!removed.empty()) {
-      // A batch larger than the capacity evicts its own first blocks: those are not stored.
-      MutexLock l(&mu_);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        if (results[i].ok() && index_.count(keys[i]) == 0) {
-          results[i] = Status::ResourceExhausted(
-              "evicted by later blocks of the same batch (the batch exceeds the capacity)");
-        }
-      }
-    }
     if (wrote && options_.sync == SyncPolicy::kBatch) {
       Status st = SyncLocked();
       if (!st.ok()) spdlog::error("disk tier {}: {}", options_.path, st.ToString());
@@ -793,13 +847,16 @@ void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<st
     done.clear();
     Status st = ctx->engine->Wait(1, &done);
     if (!st.ok()) {
-      spdlog::error("disk tier {}: {}", options_.path, st.ToString());
+      spdlog::error("disk tier {}: {}; going on with pread/pwrite", options_.path, st.ToString());
       for (size_t k = 0; k < wants.size(); ++k) {
         if (results[wants[k].index].code() == StatusCode::kInternal) {
           results[wants[k].index] = Status::Unavailable(st.message());
         }
       }
-      return;  // a broken ring is not reused
+      // Not reused, and no new ring either (see Put).
+      ring_failed_.store(true, std::memory_order_relaxed);
+      RetireContext(std::move(ctx));
+      return;
     }
     deferred.clear();
     for (const IoCompletion& c : done) {
@@ -911,7 +968,8 @@ Status DiskStore::Erase(std::span<const BlockKey> keys) {
       MutexLock l(&mu_);
       seg = active_;
     }
-    uint64_t off = seg->bytes.load(std::memory_order_relaxed);
+    const uint64_t off =
+        seg != nullptr ? seg->bytes.load(std::memory_order_relaxed) : segment_bytes_;
     if (off + kPageBytes > segment_bytes_) {
       result = RollSegment(&removed);
       if (!result.ok()) break;
@@ -999,6 +1057,12 @@ DiskStats DiskStore::stats() const {
   s.registered_buffers = io_registered_;
   s.direct_io = direct_;
   s.notes = notes_;
+  if (ring_failed_.load(std::memory_order_relaxed)) {
+    s.io_backend = std::string(IoBackendName(IoBackend::kSync));
+    s.registered_buffers = false;
+    s.notes += std::string(s.notes.empty() ? "" : "; ") +
+               "an io_uring ring failed: new I/O contexts use pread/pwrite";
+  }
   s.queue_depth = options_.queue_depth;
   s.capacity_bytes = options_.capacity_bytes;
   s.segment_bytes = segment_bytes_;

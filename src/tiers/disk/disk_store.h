@@ -44,6 +44,9 @@ enum class SyncPolicy : uint8_t {
 std::string_view SyncPolicyName(SyncPolicy policy);
 std::optional<SyncPolicy> ParseSyncPolicy(std::string_view name);  // "none", "batch", "interval"
 
+// Makes the I/O engine of one context (the device seam: tests inject failing engines).
+using IoEngineFactory = std::function<Result<std::unique_ptr<IoEngine>>(const IoEngineOptions&)>;
+
 struct DiskOptions {
   std::string path;                 // the directory (created when missing)
   uint64_t capacity_bytes = 0;      // bytes of segment files, never exceeded
@@ -58,6 +61,7 @@ struct DiskOptions {
   bool direct_io = true;                 // O_DIRECT; a filesystem that refuses it is noted
   bool reinsert_hot = true;              // on eviction, rewrite blocks read since they were written
   uint64_t buffer_bytes = 128ull << 20;  // bounce buffers per I/O context (caps in-flight I/Os)
+  IoEngineFactory make_io_engine;        // nullptr: MakeIoEngine
 
   // OK, or InvalidArgument naming the field.
   Status Validate() const;
@@ -104,8 +108,11 @@ class DiskStore {
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
 
-  // results[i]: OK, InvalidArgument (wrong size), Unavailable (write failed). Blocks evicted to
-  // make room are reported through the removal callback before Put returns.
+  // results[i]: OK, InvalidArgument (wrong size), Unavailable (write failed, or no new segment
+  // could be started: the message names its file and the error; a later Put tries again),
+  // ResourceExhausted (the batch is more than the capacity holds at once: its head is stored,
+  // and the blocks that would have evicted it are not written). Blocks evicted to make room are
+  // reported through the removal callback before Put returns.
   void Put(std::span<const BlockKey> keys, std::span<const std::span<const std::byte>> blocks,
            std::span<Status> results);
   // results[i]: OK, NotFound, Corruption (dropped), Unavailable (read failed), InvalidArgument.
@@ -150,13 +157,21 @@ class DiskStore {
   Result<std::unique_ptr<IoContext>> MakeContext();
   std::unique_ptr<IoContext> AcquireReader();
   void ReleaseReader(std::unique_ptr<IoContext> ctx);
+  // Keeps a context whose engine failed until close: requests it lost may still land in its
+  // buffers.
+  void RetireContext(std::unique_ptr<IoContext> ctx);
 
   // Writer side; callers hold write_mu_ with no I/O outstanding.
+  // Seals the active segment and starts the next one, evicting the oldest to stay under the
+  // capacity. On failure nothing is evicted and the (sealed) active segment stays active.
   Status RollSegment(std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+  // Whether the next roll would evict a segment with id >= first_id.
+  bool RollEvicts(uint64_t first_id) const KVTIER_REQUIRES(mu_);
   void EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
                     std::vector<std::pair<BlockKey, Location>>* hot) KVTIER_REQUIRES(write_mu_);
   void Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
-                std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+                const std::shared_ptr<Segment>& dst, std::vector<BlockKey>* removed)
+      KVTIER_REQUIRES(write_mu_);
   Status SyncLocked() KVTIER_REQUIRES(write_mu_);
   void Publish(const BlockKey& key, const Location& loc) KVTIER_REQUIRES(mu_);
   // Takes loc's record out of its segment's live counts.
@@ -191,7 +206,10 @@ class DiskStore {
 
   Mutex pool_mu_;
   std::vector<std::unique_ptr<IoContext>> readers_ KVTIER_GUARDED_BY(pool_mu_);
+  std::vector<std::unique_ptr<IoContext>> broken_ KVTIER_GUARDED_BY(pool_mu_);
 
+  // Set once an io_uring engine failed: contexts made afterwards use pread/pwrite.
+  std::atomic<bool> ring_failed_{false};
   std::atomic<uint64_t> written_seq_{0};
   std::atomic<uint64_t> durable_seq_{0};
   std::atomic<uint64_t> syncs_{0}, corruptions_{0}, recovered_{0}, evicted_segments_{0},

@@ -5,7 +5,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -128,6 +130,7 @@ class UringEngine final : public IoEngine {
   // Sets up the ring; returns -errno on failure. Registration failure is not fatal.
   int Init(const IoEngineOptions& options) {
     queue_depth_ = options.queue_depth;
+    stall_timeout_ = std::chrono::milliseconds(options.stall_timeout_ms);
     const int rc = io_uring_queue_init(options.queue_depth, &ring_, 0);
     if (rc < 0) return rc;
     initialised_ = true;
@@ -156,29 +159,25 @@ class UringEngine final : public IoEngine {
 
   std::string_view name() const override { return "io_uring"; }
   IoBackend backend() const override { return IoBackend::kUring; }
-  uint32_t outstanding() const override { return queued_ + in_flight_; }
+  uint32_t outstanding() const override { return outstanding_; }
 
   void Submit() override {
-    if (queued_ == 0) return;
+    if (!failed_.ok() || io_uring_sq_ready(&ring_) == 0) return;
     const int rc = io_uring_submit(&ring_);
-    if (rc > 0) {
-      const uint32_t submitted = std::min<uint32_t>(static_cast<uint32_t>(rc), queued_);
-      queued_ -= submitted;
-      in_flight_ += submitted;
-    }
+    if (rc < 0 && !Transient(rc)) Fail(fmt::format("io_uring_submit: {}", std::strerror(-rc)));
   }
 
   void Queue(const IoRequest& r) override {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) {
+    ++outstanding_;
+    io_uring_sqe* sqe = failed_.ok() ? io_uring_get_sqe(&ring_) : nullptr;
+    if (sqe == nullptr && failed_.ok()) {
       // The SQ holds queue_depth entries and outstanding() < queue_depth, so this only happens
       // when completions are pending; submitting frees the slots.
-      io_uring_submit(&ring_);
-      in_flight_ += queued_;
-      queued_ = 0;
-      sqe = io_uring_get_sqe(&ring_);
-      if (sqe == nullptr) std::abort();
+      Submit();
+      sqe = failed_.ok() ? io_uring_get_sqe(&ring_) : nullptr;
+      if (sqe == nullptr && failed_.ok()) Fail("io_uring: no free submission slot");
     }
+    if (sqe == nullptr) return;  // broken: the next Wait reports it
     if (r.iov != nullptr) {
       if (r.write) {
         io_uring_prep_writev(sqe, r.fd, r.iov, static_cast<unsigned>(r.iovcnt), r.offset);
@@ -199,40 +198,58 @@ class UringEngine final : public IoEngine {
       }
     }
     io_uring_sqe_set_data64(sqe, r.tag);
-    ++queued_;
   }
 
   Status Wait(uint32_t min_complete, std::vector<IoCompletion>* out) override {
-    const uint32_t want = std::min(min_complete, outstanding());
+    if (!failed_.ok()) return failed_;
+    const uint32_t want = std::min(min_complete, outstanding_);
     uint32_t got = 0;
+    auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
     for (;;) {
       // Reap what is there without blocking.
       io_uring_cqe* cqe = nullptr;
+      bool progress = false;
       while (io_uring_peek_cqe(&ring_, &cqe) == 0 && cqe != nullptr) {
         out->push_back({io_uring_cqe_get_data64(cqe), cqe->res});
         io_uring_cqe_seen(&ring_, cqe);
-        --in_flight_;
+        --outstanding_;
         ++got;
+        progress = true;
       }
-      if (got >= want && queued_ == 0) return Status::Ok();
-      const unsigned wait_nr = got >= want ? 0 : want - got;
-      const int rc = io_uring_submit_and_wait(&ring_, wait_nr);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        return Status::Internal(fmt::format("io_uring_submit_and_wait: {}", std::strerror(-rc)));
+      const auto now = std::chrono::steady_clock::now();
+      if (progress) deadline = now + stall_timeout_;
+      if (got >= want && io_uring_sq_ready(&ring_) == 0) return Status::Ok();
+      if (now >= deadline) {
+        // A completion that never arrives: the ring (or the device under it) is stuck.
+        Fail(fmt::format("io_uring: no progress in {} ms with {} requests outstanding",
+                         stall_timeout_.count(), outstanding_));
+        return failed_;
       }
-      if (rc >= 0) {
-        const uint32_t submitted = std::min<uint32_t>(static_cast<uint32_t>(rc), queued_);
-        queued_ -= submitted;
-        in_flight_ += submitted;
+      if (got >= want) {
+        Submit();
+        if (!failed_.ok()) return failed_;
+        continue;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+      __kernel_timespec ts{left / 1000000000, left % 1000000000};
+      const int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, want - got, &ts, nullptr);
+      if (rc < 0 && rc != -ETIME && !Transient(rc)) {
+        Fail(fmt::format("io_uring_submit_and_wait: {}", std::strerror(-rc)));
+        return failed_;
       }
     }
   }
 
  private:
+  static bool Transient(int rc) { return rc == -EINTR || rc == -EAGAIN || rc == -EBUSY; }
+  void Fail(std::string what) { failed_ = Status::Internal(std::move(what)); }
+
   io_uring ring_{};
   bool initialised_ = false;
-  uint32_t queued_ = 0;     // prepared, not yet submitted
-  uint32_t in_flight_ = 0;  // submitted, completion not yet reaped
+  uint32_t outstanding_ = 0;  // queued, submitted or not, completion not yet reaped
+  std::chrono::milliseconds stall_timeout_{30000};
+  Status failed_;  // latched: a broken ring is never used again
 };
 
 }  // namespace
@@ -242,6 +259,8 @@ Result<std::unique_ptr<IoEngine>> MakeIoEngine(const IoEngineOptions& options) {
     return Status::InvalidArgument(
         fmt::format("queue_depth: {} is out of range [1, 4096]", options.queue_depth));
   }
+  if (options.stall_timeout_ms == 0)
+    return Status::InvalidArgument("stall_timeout_ms: must be > 0");
   if (options.backend == IoBackend::kSync) {
     return std::unique_ptr<IoEngine>(new SyncEngine(options.queue_depth, ""));
   }

@@ -73,6 +73,9 @@ struct IoEngineOptions {
   uint32_t queue_depth = 32;
   bool register_buffers = true;
   std::vector<std::span<std::byte>> buffers;  // candidates for registration (index = buf_index)
+  // io_uring: a Wait that sees no completion for this long fails (the engine is then broken),
+  // so a lost completion is an error rather than a hang.
+  uint32_t stall_timeout_ms = 30000;
 };
 
 class IoEngine {
@@ -94,8 +97,10 @@ class IoEngine {
   // Starts what is queued without waiting (io_uring); the pread engine runs requests in Wait.
   virtual void Submit() = 0;
   // Submits what is queued and appends at least min(min_complete, outstanding()) completions to
-  // *out. Non-OK only when the engine itself failed (the ring broke); per-request errors are
-  // in IoCompletion::result.
+  // *out. Non-OK only when the engine itself failed (a submit or wait refused with a hard
+  // error, or nothing completed within stall_timeout_ms); per-request errors are in
+  // IoCompletion::result. A failure is final: every later Wait fails the same way and the
+  // requests still outstanding never complete through this engine, so the caller drops it.
   virtual Status Wait(uint32_t min_complete, std::vector<IoCompletion>* out) = 0;
   virtual uint32_t outstanding() const = 0;
 
@@ -106,8 +111,8 @@ class IoEngine {
 };
 
 // Makes the engine options ask for, falling back to pread/pwrite (kAuto) with a note.
-// InvalidArgument for queue_depth 0 or > 4096; Unavailable when kUring was required and
-// io_uring cannot be set up.
+// InvalidArgument for queue_depth 0 or > 4096 or stall_timeout_ms 0; Unavailable when kUring was
+// required and io_uring cannot be set up.
 Result<std::unique_ptr<IoEngine>> MakeIoEngine(const IoEngineOptions& options);
 
 }  // namespace kvtier::disk
