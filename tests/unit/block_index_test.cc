@@ -4,6 +4,7 @@
 
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 namespace kvtier {
 namespace {
@@ -157,6 +158,81 @@ TEST(BlockIndexTest, MatchAgreesWithModel) {
       }
     }
   }
+}
+
+// Differential test of the table against std::unordered_map: keys from a small space whose
+// homes collide (runs that wrap around, backward-shift deletion along a shard's stride), the
+// zero key among them, through growth from the smallest table.
+TEST(BlockIndexTest, TableAgreesWithAMap) {
+  for (int shards : {1, 4, 64}) {
+    BlockIndex index(shards);
+    std::unordered_map<BlockKey, TierMask> model;
+    std::mt19937_64 rng(shards);
+    for (int step = 0; step < 100000; ++step) {
+      // lo ^ hi repeats often across this space, so probe runs are long.
+      const BlockKey k{rng() % 4, rng() % 3000};
+      const int tier = static_cast<int>(rng() % 3);
+      switch (rng() % 3) {
+        case 0:
+          index.AddTier(k, tier, 0);
+          model[k] |= TierMask{1} << tier;
+          break;
+        case 1: {
+          auto it = model.find(k);
+          const bool had = it != model.end() && (it->second >> tier & 1);
+          ASSERT_EQ(index.RemoveTier(k, tier), had);
+          if (it != model.end()) {
+            it->second &= ~(TierMask{1} << tier);
+            if (it->second == 0) model.erase(it);
+          }
+          break;
+        }
+        default: {
+          IndexEntry e;
+          auto it = model.find(k);
+          ASSERT_EQ(index.Get(k, &e), it != model.end());
+          if (it != model.end()) {
+            ASSERT_EQ(e.tiers, it->second);
+          }
+        }
+      }
+      ASSERT_EQ(index.size(), model.size()) << "step " << step;
+    }
+    for (const auto& [k, m] : model) {
+      IndexEntry e;
+      ASSERT_TRUE(index.Get(k, &e));
+      EXPECT_EQ(e.tiers, m);
+    }
+  }
+}
+
+// Writers grow the table from its smallest size while readers match a chain that is resident
+// throughout: growth moves every entry, and no reader may see one missing.
+TEST(BlockIndexTest, MatchDuringGrowthSeesEveryResidentBlock) {
+  BlockIndex index(8);
+  auto head = Chain(500, 1);
+  for (auto& k : head) index.AddTier(k, 0, 0);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 2; ++w) {
+    writers.emplace_back([&, w] {
+      auto fill = Chain(20000, 100 + w);
+      for (auto& k : fill) index.AddTier(k, 1, 0);
+    });
+  }
+  std::thread reader([&] {
+    MatchResult m;
+    while (!stop) {
+      index.Match(head, &m);
+      ASSERT_EQ(m.any_prefix, 500u);
+      PinSet pins = index.Pin(head);
+      ASSERT_EQ(pins.size(), 500u);
+    }
+  });
+  for (auto& t : writers) t.join();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(index.size(), 500u + 40000u);
 }
 
 TEST(BlockIndexTest, ConcurrentMatchAndUpdate) {
