@@ -22,9 +22,38 @@ Status WorkloadOptions::Validate() const {
   return Status::Ok();
 }
 
+uint64_t WorkloadOptions::MaxPromptTokens() const {
+  return uint64_t{system_tokens} + first_user_tokens +
+         uint64_t{turns > 0 ? turns - 1 : 0} * (uint64_t{turn_tokens} + decode_tokens);
+}
+
+uint64_t WorkloadPoolBlocks(const WorkloadOptions& o, uint32_t block_tokens) {
+  return TurnPoolBlocks(o.MaxPromptTokens(), o.decode_tokens, block_tokens);
+}
+
+namespace {
+
+// Fails up front rather than at the first turn that does not fit, hours in.
+Status CheckPool(const char* which, Engine& e, uint64_t need) {
+  if (e.pool().capacity_blocks() >= need) return Status::Ok();
+  return Status::InvalidArgument(
+      std::string("workload: the ") + which + " engine's pool holds " +
+      std::to_string(e.pool().capacity_blocks()) + " blocks; the longest turn needs " +
+      std::to_string(need) + " blocks of " + std::to_string(e.options().block_tokens) + " tokens");
+}
+
+}  // namespace
+
 Result<WorkloadReport> RunWorkload(Engine* engine, Engine* reference, const WorkloadOptions& o,
                                    const std::function<void(const TurnRecord&)>& on_turn) {
   KVTIER_RETURN_IF_ERROR(o.Validate());
+  KVTIER_RETURN_IF_ERROR(
+      CheckPool("main", *engine, WorkloadPoolBlocks(o, engine->options().block_tokens)));
+  if (reference != nullptr) {  // it recomputes each prompt with one decoded token
+    KVTIER_RETURN_IF_ERROR(
+        CheckPool("reference", *reference,
+                  TurnPoolBlocks(o.MaxPromptTokens(), 1, reference->options().block_tokens)));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const uint32_t vocab = engine->config().vocab_size;
   const std::vector<TokenId> system = SyntheticTokens(o.system_tokens, vocab, o.seed);

@@ -27,7 +27,12 @@ struct WorkloadOptions {
   uint64_t seed = 7;
 
   Status Validate() const;
+  // Tokens of the longest prompt: a session's last turn.
+  uint64_t MaxPromptTokens() const;
 };
+
+// Pool blocks an engine of block_tokens needs to run the workload (its longest turn's).
+uint64_t WorkloadPoolBlocks(const WorkloadOptions& options, uint32_t block_tokens);
 
 struct TurnRecord {
   uint32_t session = 0;
@@ -55,6 +60,7 @@ struct WorkloadReport {
 
 // Runs the workload on `engine`; with `reference` (an engine with no cache), every turn is
 // also recomputed there and compared. on_turn sees each record as it completes.
+// InvalidArgument, before any turn, when a pool is smaller than the longest turn needs.
 Result<WorkloadReport> RunWorkload(Engine* engine, Engine* reference,
                                    const WorkloadOptions& options,
                                    const std::function<void(const TurnRecord&)>& on_turn = nullptr);

@@ -41,6 +41,13 @@ Status EngineOptions::Validate() const {
   return Status::Ok();
 }
 
+uint64_t TurnPoolBlocks(uint64_t prompt_tokens, uint32_t decode_tokens, uint32_t block_tokens) {
+  if (prompt_tokens == 0 || block_tokens == 0) return 0;
+  // The last decoded token is never fed back, so its position holds no KV.
+  const uint64_t positions = prompt_tokens + std::max<uint32_t>(decode_tokens, 1) - 1;
+  return (positions - 1) / block_tokens + 1;
+}
+
 TokenId Argmax(std::span<const float> logits) {
   size_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i) {
@@ -149,7 +156,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   const uint32_t full = static_cast<uint32_t>(keys.size());
   const uint32_t usable = std::min(full, (n - 1) / bt);  // the last token's block is computed
   const uint32_t prompt_blocks = (n - 1) / bt + 1;
-  const uint32_t total_blocks = (n + decode - 2) / bt + 1;
+  const uint32_t total_blocks = static_cast<uint32_t>(TurnPoolBlocks(n, decode, bt));
 
   TableGuard guard(pool_.get());
   std::vector<BlockId>& table = guard.table;

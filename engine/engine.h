@@ -126,6 +126,11 @@ class Engine {
 // Index of the largest logit (the first on ties).
 TokenId Argmax(std::span<const float> logits);
 
+// Pool blocks one turn holds at once: its prompt's and its decode positions' (a resident
+// prefix included). A pool smaller than this fails the turn with ResourceExhausted; 0 for an
+// empty prompt or block_tokens 0.
+uint64_t TurnPoolBlocks(uint64_t prompt_tokens, uint32_t decode_tokens, uint32_t block_tokens);
+
 }  // namespace kvtier::engine
 
 #endif  // KVTIER_ENGINE_ENGINE_H_

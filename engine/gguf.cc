@@ -7,6 +7,9 @@
 
 #include <bit>
 #include <cerrno>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -33,12 +36,15 @@ enum GgufType : uint32_t {
 };
 constexpr uint32_t kGgmlF32 = 0;
 constexpr uint32_t kGgmlF16 = 1;
-constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
+constexpr uint32_t kMagic = 0x46554747;                // "GGUF" read as a little-endian u32
+constexpr uint64_t kMaxCount = uint64_t{1} << 20;      // tensors or metadata entries
+constexpr uint64_t kMaxAlignment = uint64_t{1} << 31;  // llama.cpp reads it as a u32
 
 // A scalar metadata value; arrays keep only their length (the vocabulary is not needed).
 struct Value {
   uint32_t type = 0;
   double number = 0;
+  std::string text;  // the number as the file wrote it, exactly (a u64 can exceed a double)
   std::string str;
   uint64_t array_len = 0;
 };
@@ -55,13 +61,19 @@ class Reader {
     pos_ += sizeof(T);
     return true;
   }
-  bool ReadString(std::string* out) {
+  // A u64 length then the bytes; Corruption naming `what` and the length when it does not fit.
+  Status ReadString(std::string* out, const std::string& what) {
     uint64_t len;
-    if (!Read(&len) || len > size_ - pos_) return false;
+    if (!Read(&len)) return Truncated(what);
+    if (len > size_ - pos_) {
+      return Malformed(what + ": string length " + std::to_string(len) + " exceeds the " +
+                       std::to_string(size_ - pos_) + " bytes left");
+    }
     out->assign(reinterpret_cast<const char*>(data_ + pos_), len);
     pos_ += len;
-    return true;
+    return Status::Ok();
   }
+  size_t left() const { return size_ - pos_; }
   bool Skip(uint64_t n) {
     if (n > size_ - pos_) return false;
     pos_ += n;
@@ -70,6 +82,9 @@ class Reader {
   Status Truncated(const std::string& what) const {
     return Status::Corruption(file_ + ": truncated or malformed at byte " + std::to_string(pos_) +
                               " (" + what + ")");
+  }
+  Status Malformed(const std::string& what) const {
+    return Status::Corruption(file_ + ": " + what + " (at byte " + std::to_string(pos_) + ")");
   }
 
  private:
@@ -101,30 +116,49 @@ size_t ScalarSize(uint32_t type) {
   }
 }
 
-bool ReadScalar(Reader* r, uint32_t type, double* out) {
+std::string NumberText(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+bool ReadScalar(Reader* r, uint32_t type, Value* out) {
   switch (type) {
-#define KVTIER_GGUF_CASE(tag, ctype) \
-  case tag: {                        \
-    ctype v;                         \
-    if (!r->Read(&v)) return false;  \
-    *out = static_cast<double>(v);   \
-    return true;                     \
+#define KVTIER_GGUF_CASE(tag, ctype, to_text) \
+  case tag: {                                 \
+    ctype v;                                  \
+    if (!r->Read(&v)) return false;           \
+    out->number = static_cast<double>(v);     \
+    out->text = to_text(v);                   \
+    return true;                              \
   }
-    KVTIER_GGUF_CASE(kU8, uint8_t)
-    KVTIER_GGUF_CASE(kI8, int8_t)
-    KVTIER_GGUF_CASE(kBool, uint8_t)
-    KVTIER_GGUF_CASE(kU16, uint16_t)
-    KVTIER_GGUF_CASE(kI16, int16_t)
-    KVTIER_GGUF_CASE(kU32, uint32_t)
-    KVTIER_GGUF_CASE(kI32, int32_t)
-    KVTIER_GGUF_CASE(kF32, float)
-    KVTIER_GGUF_CASE(kU64, uint64_t)
-    KVTIER_GGUF_CASE(kI64, int64_t)
-    KVTIER_GGUF_CASE(kF64, double)
+    KVTIER_GGUF_CASE(kU8, uint8_t, std::to_string)
+    KVTIER_GGUF_CASE(kI8, int8_t, std::to_string)
+    KVTIER_GGUF_CASE(kBool, uint8_t, std::to_string)
+    KVTIER_GGUF_CASE(kU16, uint16_t, std::to_string)
+    KVTIER_GGUF_CASE(kI16, int16_t, std::to_string)
+    KVTIER_GGUF_CASE(kU32, uint32_t, std::to_string)
+    KVTIER_GGUF_CASE(kI32, int32_t, std::to_string)
+    KVTIER_GGUF_CASE(kF32, float, NumberText)
+    KVTIER_GGUF_CASE(kU64, uint64_t, std::to_string)
+    KVTIER_GGUF_CASE(kI64, int64_t, std::to_string)
+    KVTIER_GGUF_CASE(kF64, double, NumberText)
 #undef KVTIER_GGUF_CASE
     default:
       return false;
   }
+}
+
+// v as an integer in [lo, hi] (hi < 2^53, exact in a double). Checked before the cast: a
+// fraction, NaN, negative or oversized value would convert with undefined behaviour.
+bool IntegerIn(const Value& v, uint64_t lo, uint64_t hi, uint64_t* out) {
+  const double x = v.number;
+  if (!std::isfinite(x) || std::floor(x) != x || x < static_cast<double>(lo) ||
+      x > static_cast<double>(hi)) {
+    return false;
+  }
+  *out = static_cast<uint64_t>(x);
+  return true;
 }
 
 class MappedFile {
@@ -235,37 +269,48 @@ Result<GgufModel> LoadGguf(const std::string& path) {
                                    " not supported (2 and 3 are)");
   }
   if (!r.Read(&tensor_count) || !r.Read(&kv_count)) return r.Truncated("header counts");
-  if (tensor_count > (1u << 20) || kv_count > (1u << 20)) {
-    return Status::Corruption(path + ": implausible header counts");
+  for (auto [field, count] :
+       {std::pair{"tensor_count", tensor_count}, std::pair{"kv_count", kv_count}}) {
+    if (count > kMaxCount) {
+      return Status::Corruption(path + ": header " + field + " " + std::to_string(count) +
+                                " is implausible (at most " + std::to_string(kMaxCount) + ")");
+    }
   }
 
   std::map<std::string, Value> meta;
   for (uint64_t i = 0; i < kv_count; ++i) {
     std::string key;
     Value v;
-    if (!r.ReadString(&key)) return r.Truncated("metadata key " + std::to_string(i));
+    KVTIER_RETURN_IF_ERROR(r.ReadString(&key, "metadata key " + std::to_string(i)));
     if (!r.Read(&v.type)) return r.Truncated("type of " + key);
     if (v.type == kString) {
-      if (!r.ReadString(&v.str)) return r.Truncated("value of " + key);
+      KVTIER_RETURN_IF_ERROR(r.ReadString(&v.str, "metadata " + key));
     } else if (v.type == kArray) {
       uint32_t elem;
       if (!r.Read(&elem) || !r.Read(&v.array_len)) return r.Truncated("array header of " + key);
+      // Every element takes at least this many bytes (a string its u64 length): a longer
+      // array cannot fit, and looping over it would spin on a hostile length.
+      const size_t min_elem = elem == kString ? sizeof(uint64_t) : ScalarSize(elem);
+      if (min_elem != 0 && v.array_len > r.left() / min_elem) {
+        return r.Malformed("metadata " + key + ": array length " + std::to_string(v.array_len) +
+                           " of " + std::to_string(min_elem) + "+ byte elements exceeds the " +
+                           std::to_string(r.left()) + " bytes left");
+      }
       if (elem == kString) {
         for (uint64_t k = 0; k < v.array_len; ++k) {
           std::string s;
-          if (!r.ReadString(&s)) return r.Truncated("array " + key);
+          KVTIER_RETURN_IF_ERROR(
+              r.ReadString(&s, "metadata " + key + " element " + std::to_string(k)));
         }
-      } else if (ScalarSize(elem) != 0) {
-        if (v.array_len > file.size() || !r.Skip(v.array_len * ScalarSize(elem))) {
-          return r.Truncated("array " + key);
-        }
+      } else if (min_elem != 0) {
+        if (!r.Skip(v.array_len * min_elem)) return r.Truncated("array " + key);
       } else {
         return Status::InvalidArgument(path + ": metadata " + key +
                                        ": nested or unknown array element type " +
                                        std::to_string(elem));
       }
     } else if (ScalarSize(v.type) != 0) {
-      if (!ReadScalar(&r, v.type, &v.number)) return r.Truncated("value of " + key);
+      if (!ReadScalar(&r, v.type, &v)) return r.Truncated("value of " + key);
     } else {
       return Status::Corruption(path + ": metadata " + key + ": unknown type " +
                                 std::to_string(v.type));
@@ -278,7 +323,8 @@ Result<GgufModel> LoadGguf(const std::string& path) {
     std::string name;
     uint32_t n_dims;
     TensorInfo t;
-    if (!r.ReadString(&name) || !r.Read(&n_dims)) return r.Truncated("tensor info " + name);
+    KVTIER_RETURN_IF_ERROR(r.ReadString(&name, "name of tensor " + std::to_string(i)));
+    if (!r.Read(&n_dims)) return r.Truncated("tensor info " + name);
     if (n_dims == 0 || n_dims > 4) {
       return Status::Corruption(path + ": tensor " + name + ": " + std::to_string(n_dims) +
                                 " dimensions");
@@ -293,10 +339,12 @@ Result<GgufModel> LoadGguf(const std::string& path) {
 
   uint64_t alignment = 32;
   if (auto it = meta.find("general.alignment"); it != meta.end()) {
-    alignment = static_cast<uint64_t>(it->second.number);
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-      return Status::Corruption(path + ": general.alignment " + std::to_string(alignment) +
-                                " is not a power of two");
+    const Value& v = it->second;
+    if (ScalarSize(v.type) == 0 || !IntegerIn(v, 1, kMaxAlignment, &alignment) ||
+        (alignment & (alignment - 1)) != 0) {
+      return Status::Corruption(path + ": general.alignment " +
+                                (ScalarSize(v.type) == 0 ? "(not a number)" : v.text) +
+                                " is not a power of two in [1, 2^31]");
     }
   }
   const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
@@ -306,10 +354,10 @@ Result<GgufModel> LoadGguf(const std::string& path) {
     if (it == meta.end() || it->second.type != kString) return std::nullopt;
     return it->second.str;
   };
-  auto num_meta = [&](const std::string& key) -> std::optional<double> {
+  auto num_meta = [&](const std::string& key) -> const Value* {
     auto it = meta.find(key);
-    if (it == meta.end() || ScalarSize(it->second.type) == 0) return std::nullopt;
-    return it->second.number;
+    if (it == meta.end() || ScalarSize(it->second.type) == 0) return nullptr;
+    return &it->second;
   };
   const std::string arch = str_meta("general.architecture").value_or("");
   if (arch != "llama") {
@@ -321,12 +369,32 @@ Result<GgufModel> LoadGguf(const std::string& path) {
   model.tensor_count = tensor_count;
   ModelConfig& c = model.config;
   c.name = str_meta("general.name").value_or("gguf");
+  // A count or size: an integer in [1, 1e9], so it fits the config's u32.
   auto need = [&](const char* key, uint32_t* out) -> Status {
-    auto v = num_meta(key);
-    if (!v || *v < 1 || *v > 1e9) {
-      return Status::InvalidArgument(path + ": metadata " + key + ": missing or out of range");
+    const Value* v = num_meta(key);
+    if (v == nullptr) {
+      return Status::InvalidArgument(path + ": metadata " + key +
+                                     (meta.count(key) ? ": not a number" : ": missing"));
     }
-    *out = static_cast<uint32_t>(*v);
+    uint64_t n;
+    if (!IntegerIn(*v, 1, 1000000000, &n)) {
+      return Status::InvalidArgument(path + ": metadata " + key + ": " + v->text +
+                                     " is not an integer in [1, 1e9]");
+    }
+    *out = static_cast<uint32_t>(n);
+    return Status::Ok();
+  };
+  // A float field: finite and within float range (converting one outside it is undefined).
+  auto need_float = [&](const char* key, float* out) -> Status {
+    const Value* v = num_meta(key);
+    if (v == nullptr) {
+      return Status::InvalidArgument(path + ": metadata " + key + ": not a number");
+    }
+    if (!std::isfinite(v->number) || std::fabs(v->number) > FLT_MAX) {
+      return Status::InvalidArgument(path + ": metadata " + key + ": " + v->text +
+                                     " is not a finite 32-bit float");
+    }
+    *out = static_cast<float>(v->number);
     return Status::Ok();
   };
   KVTIER_RETURN_IF_ERROR(need("llama.block_count", &c.num_layers));
@@ -334,39 +402,54 @@ Result<GgufModel> LoadGguf(const std::string& path) {
   KVTIER_RETURN_IF_ERROR(need("llama.feed_forward_length", &c.ffn_dim));
   KVTIER_RETURN_IF_ERROR(need("llama.attention.head_count", &c.num_heads));
   c.num_kv_heads = c.num_heads;
-  if (num_meta("llama.attention.head_count_kv")) {
+  if (meta.count("llama.attention.head_count_kv")) {
     KVTIER_RETURN_IF_ERROR(need("llama.attention.head_count_kv", &c.num_kv_heads));
   }
-  if (auto v = num_meta("llama.context_length")) c.max_positions = static_cast<uint32_t>(*v);
-  if (auto v = num_meta("llama.rope.freq_base")) c.rope_theta = static_cast<float>(*v);
-  if (auto v = num_meta("llama.attention.layer_norm_rms_epsilon")) {
-    c.norm_eps = static_cast<float>(*v);
+  if (meta.count("llama.context_length")) {
+    KVTIER_RETURN_IF_ERROR(need("llama.context_length", &c.max_positions));
+  }
+  if (meta.count("llama.rope.freq_base")) {
+    KVTIER_RETURN_IF_ERROR(need_float("llama.rope.freq_base", &c.rope_theta));
+  }
+  if (meta.count("llama.attention.layer_norm_rms_epsilon")) {
+    KVTIER_RETURN_IF_ERROR(need_float("llama.attention.layer_norm_rms_epsilon", &c.norm_eps));
   }
   auto embd = tensors.find("token_embd.weight");
   if (embd == tensors.end() || embd->second.dims.size() != 2) {
     return Status::InvalidArgument(path + ": tensor token_embd.weight: missing or not 2-D");
   }
+  // The vocabulary is a u32 in the config and an int in the BLAS calls.
+  if (const uint64_t vocab = embd->second.dims[1]; vocab == 0 || vocab > INT32_MAX) {
+    return Status::InvalidArgument(path + ": tensor token_embd.weight: dimension 1 (vocabulary) " +
+                                   std::to_string(vocab) + " is not in [1, 2^31)");
+  }
   c.vocab_size = static_cast<uint32_t>(embd->second.dims[1]);
-  if (auto v = num_meta("llama.rope.dimension_count"); v && *v != c.head_dim()) {
-    return Status::InvalidArgument(path + ": llama.rope.dimension_count " +
-                                   std::to_string(static_cast<uint64_t>(*v)) +
+  if (const Value* v = num_meta("llama.rope.dimension_count"); v && v->number != c.head_dim()) {
+    return Status::InvalidArgument(path + ": llama.rope.dimension_count " + v->text +
                                    " != head_dim: partial rotary embeddings are not supported");
   }
   if (Status st = c.Validate(); !st.ok()) return st.WithContext(path);
 
+  uint64_t loaded_bytes = 0;
   auto load = [&](const std::string& name, std::vector<float>* out, bool optional) -> Status {
     auto it = tensors.find(name);
     if (it == tensors.end()) {
       if (optional) return Status::Ok();
-      return Status::InvalidArgument(path + ": tensor " + name + ": missing");
+      // A hostile llama.block_count ends here, at the first layer the file lacks.
+      return Status::InvalidArgument(
+          path + ": tensor " + name + ": missing" +
+          (name.starts_with("blk.") ? " (llama.block_count is " + std::to_string(c.num_layers) + ")"
+                                    : ""));
     }
     const TensorInfo& t = it->second;
     uint64_t count = 1;
-    for (uint64_t dim : t.dims) {
-      if (dim == 0 || dim > (uint64_t{1} << 40) / count) {
-        return Status::Corruption(path + ": tensor " + name + ": bad dimensions");
+    for (size_t k = 0; k < t.dims.size(); ++k) {
+      if (t.dims[k] == 0 || t.dims[k] > (uint64_t{1} << 40) / count) {
+        return Status::Corruption(path + ": tensor " + name + ": bad dimensions: dimension " +
+                                  std::to_string(k) + " is " + std::to_string(t.dims[k]) +
+                                  " (elements must number 1 to 2^40)");
       }
-      count *= dim;
+      count *= t.dims[k];
     }
     size_t elem;
     if (t.type == kGgmlF32) {
@@ -378,12 +461,23 @@ Result<GgufModel> LoadGguf(const std::string& path) {
                                      std::to_string(t.type) +
                                      " not supported (F32 and F16 only; dequantize first)");
     }
-    const uint64_t begin = data_start + t.offset;
-    if (t.offset > file.size() || begin > file.size() || count * elem > file.size() - begin) {
-      return Status::Corruption(path + ": tensor " + name + ": data past the end of the file");
+    const uint64_t bytes = count * elem;  // <= 2^42: no overflow
+    const uint64_t data_bytes = data_start <= file.size() ? file.size() - data_start : 0;
+    if (t.offset > data_bytes || bytes > data_bytes - t.offset) {
+      return Status::Corruption(path + ": tensor " + name + ": offset " + std::to_string(t.offset) +
+                                " + " + std::to_string(bytes) + " bytes is past the end of the " +
+                                std::to_string(data_bytes) + "-byte data section");
+    }
+    // Tensors may not overlap (llama.cpp requires them packed), so what they load together
+    // fits the file: overlapping ones could make a small file allocate without bound.
+    loaded_bytes += bytes;
+    if (loaded_bytes > data_bytes) {
+      return Status::Corruption(path + ": tensor " + name + ": tensors total " +
+                                std::to_string(loaded_bytes) + " bytes, more than the " +
+                                std::to_string(data_bytes) + "-byte data section (they overlap)");
     }
     out->resize(count);
-    const uint8_t* src = file.data() + begin;
+    const uint8_t* src = file.data() + data_start + t.offset;
     if (elem == 4) {
       std::memcpy(out->data(), src, count * 4);
     } else {
@@ -397,10 +491,11 @@ Result<GgufModel> LoadGguf(const std::string& path) {
   };
   Weights& w = model.weights;
   KVTIER_RETURN_IF_ERROR(load("token_embd.weight", &w.embedding, false));
-  w.layers.resize(c.num_layers);
+  // Grown per layer: llama.block_count may be up to 1e9, and a file lacking that many layers
+  // fails at its first missing tensor instead of allocating them all.
   for (uint32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
-    LayerWeights& l = w.layers[i];
+    LayerWeights& l = w.layers.emplace_back();
     KVTIER_RETURN_IF_ERROR(load(p + "attn_norm.weight", &l.attn_norm, false));
     KVTIER_RETURN_IF_ERROR(load(p + "attn_q.weight", &l.wq, false));
     KVTIER_RETURN_IF_ERROR(load(p + "attn_k.weight", &l.wk, false));

@@ -34,6 +34,33 @@ PlanRequest ColdRequest(const Engine& engine, const Planner& planner, uint32_t t
 
 }  // namespace
 
+// Every turn Calibrate and RunCrossover run decodes one token.
+uint64_t CalibrationPoolBlocks(const CalibrationOptions& opt, uint32_t bt) {
+  if (bt == 0) return 0;
+  uint64_t need = std::max<uint32_t>(2, opt.tier_batch_blocks);
+  for (uint32_t len : opt.prompt_lengths) need = std::max(need, TurnPoolBlocks(len, 1, bt));
+  const uint64_t ctx = (uint64_t{opt.context_tokens} + bt - 1) / bt * bt;
+  return std::max(need, TurnPoolBlocks(ctx + bt, 1, bt));
+}
+
+uint64_t CrossoverPoolBlocks(const std::vector<uint32_t>& lengths, uint32_t bt) {
+  uint64_t need = 0;
+  for (uint32_t len : lengths) need = std::max(need, TurnPoolBlocks(len, 1, bt));
+  return need;
+}
+
+namespace {
+
+Status CheckPool(const char* what, Engine& e, uint64_t need) {
+  if (e.pool().capacity_blocks() >= need) return Status::Ok();
+  return Status::InvalidArgument(std::string(what) + ": the pool holds " +
+                                 std::to_string(e.pool().capacity_blocks()) + " blocks; it needs " +
+                                 std::to_string(need) + " blocks of " +
+                                 std::to_string(e.options().block_tokens) + " tokens");
+}
+
+}  // namespace
+
 std::vector<TokenId> SyntheticTokens(uint32_t n, uint32_t vocab, uint64_t salt) {
   std::vector<TokenId> t(n);
   uint64_t x = salt * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL;
@@ -52,6 +79,7 @@ Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& opt,
   if (cache == nullptr) return Status::InvalidArgument("calibrate: the engine has no cache");
   if (opt.reps < 1) return Status::InvalidArgument("calibrate: reps must be >= 1");
   const uint32_t bt = engine->options().block_tokens;
+  KVTIER_RETURN_IF_ERROR(CheckPool("calibrate", *engine, CalibrationPoolBlocks(opt, bt)));
   const uint32_t vocab = engine->config().vocab_size;
   Calibration cal;
   const double total = opt.prompt_lengths.size() + 2 + cache->num_tiers();
@@ -194,6 +222,8 @@ Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
                                      const std::vector<uint32_t>& lengths, int reps,
                                      const ProgressFn& progress) {
   if (engine->cache() == nullptr) return Status::InvalidArgument("crossover: no cache attached");
+  KVTIER_RETURN_IF_ERROR(CheckPool("crossover", *engine,
+                                   CrossoverPoolBlocks(lengths, engine->options().block_tokens)));
   const double t_start = MonotonicSeconds();
   const uint32_t vocab = engine->config().vocab_size;
   CrossoverResult out;

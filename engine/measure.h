@@ -48,9 +48,14 @@ struct Calibration {
   double memcpy_bytes_per_s = 0;  // same-run baseline: streaming memcpy of a tier batch
 };
 
+// Pool blocks Calibrate needs on an engine of block_tokens: its longest prefill's, or the tier
+// batch when larger.
+uint64_t CalibrationPoolBlocks(const CalibrationOptions& options, uint32_t block_tokens);
+
 // Measures the engine's prefill time against prompt length and context, and Lookup + Load
 // latency and bandwidth of every tier of the cache (attached to the engine), and fits the
-// profile. The pool must have room for context_tokens + 2 blocks and tier_batch_blocks.
+// profile. InvalidArgument, before measuring, when the pool is smaller than
+// CalibrationPoolBlocks.
 Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& options,
                               const ProgressFn& progress = nullptr);
 
@@ -72,8 +77,12 @@ struct CrossoverResult {
   std::string ToJson() const;
 };
 
+// Pool blocks RunCrossover needs for these lengths on an engine of block_tokens.
+uint64_t CrossoverPoolBlocks(const std::vector<uint32_t>& lengths, uint32_t block_tokens);
+
 // For each length: a full recompute (which stores its blocks), then a cold-pool turn that
 // loads the prefix from the cache's tiers; medians over reps (1 for lengths above 2048).
+// InvalidArgument, before measuring, when the pool is smaller than CrossoverPoolBlocks.
 Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
                                      const std::vector<uint32_t>& lengths, int reps,
                                      const ProgressFn& progress = nullptr);

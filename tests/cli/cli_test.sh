@@ -94,6 +94,28 @@ expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
 expect_error "disk verify of a missing directory names it" "$work/nope" -- \
   "$kvtier" disk verify "$work/nope"
 
+# The engine commands size their KV pool to the run when --pool-blocks is not given (with 16-token
+# blocks, calibrate needs 65 and the default demo 49, more than their defaults of 64 and 16),
+# and refuse a given one that is too small, naming the minimum.
+expect_json "calibrate --block-tokens 16 sizes its pool" block_tokens prefill -- \
+  sh -c "'$kvtier' calibrate --model tiny --block-tokens 16 --reps 1 --json '$work/profile.json' \
+    >/dev/null && cat '$work/profile.json'"
+expect_error "calibrate with too small a --pool-blocks names the minimum" \
+  "pass --pool-blocks 65 or more" -- \
+  "$kvtier" calibrate --model tiny --block-tokens 16 --reps 1 --pool-blocks 64
+expect_json "demo --block-tokens 16 sizes its pool" turns bit_exact_turns -- \
+  sh -c "'$kvtier' demo --model tiny --block-tokens 16 --json '$work/demo.json' >/dev/null \
+    && cat '$work/demo.json'"
+expect_json "engine run --block-tokens 16 sizes its pool" turns -- \
+  sh -c "'$kvtier' engine run --model tiny --block-tokens 16 --turns 2 --json '$work/run.json' \
+    >/dev/null && cat '$work/run.json'"
+expect_error "engine run with too small a --pool-blocks names the minimum" \
+  "pass --pool-blocks 49 or more" -- \
+  "$kvtier" engine run --model tiny --block-tokens 16 --pool-blocks 48
+expect_json "engine crossover --block-tokens 16 sizes its pool" points regret_pct -- \
+  sh -c "'$kvtier' engine crossover --model tiny --block-tokens 16 --max 256 \
+    --json '$work/crossover.json' >/dev/null && cat '$work/crossover.json'"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
   exit 1

@@ -105,5 +105,80 @@ TEST(EngineDriver, CalibrationAndCrossoverAreConsistent) {
   EXPECT_TRUE(j.contains("regret_pct"));
 }
 
+// `kvtier calibrate --block-tokens 16` ran out of its 64-block pool: the run needs 65. The
+// sizes the CLI now gives its pools are exact: one block less fails, up front, naming it.
+TEST(EngineDriver, PoolOfTheComputedSizeIsEnoughAndOneLessIsRefusedUpFront) {
+  SetBlasThreads(1);
+  EXPECT_EQ(TurnPoolBlocks(16, 1, 16), 1u);
+  EXPECT_EQ(TurnPoolBlocks(17, 1, 16), 2u);
+  EXPECT_EQ(TurnPoolBlocks(16, 2, 16), 2u);  // the first decoded token's KV starts block 2
+  EXPECT_EQ(TurnPoolBlocks(15, 2, 16), 1u);  // the last decoded token has no KV
+  EXPECT_EQ(TurnPoolBlocks(15, 0, 16), 1u);  // decode 0 runs as 1
+  EXPECT_EQ(TurnPoolBlocks(0, 4, 16), 0u);
+  CalibrationOptions defaults;
+  EXPECT_EQ(CalibrationPoolBlocks(defaults, 16), 65u);  // 1024 tokens of context + 1 block
+  EXPECT_EQ(CalibrationPoolBlocks(defaults, 64), 32u);  // the tier batch
+  EXPECT_EQ(CrossoverPoolBlocks({16, 32, 64, 128}, 16), 8u);
+
+  WorkloadOptions w;
+  w.sessions = 2;
+  w.turns = 2;
+  w.system_tokens = 20;
+  w.first_user_tokens = 20;
+  w.turn_tokens = 10;
+  w.decode_tokens = 3;
+  EXPECT_EQ(w.MaxPromptTokens(), 53u);
+  const uint64_t work_need = WorkloadPoolBlocks(w, 16);
+  EXPECT_EQ(work_need, 4u);  // 53 + 3 - 1 positions
+  CalibrationOptions copt;
+  copt.prompt_lengths = {32, 64, 128};
+  copt.context_tokens = 128;
+  copt.tier_batch_blocks = 8;
+  copt.reps = 1;
+  const uint64_t cal_need = CalibrationPoolBlocks(copt, 16);
+  EXPECT_EQ(cal_need, 9u);  // 128 tokens of context + 1 block
+  const std::vector<uint32_t> lengths = {16, 32, 64, 128};
+  const uint64_t cross_need = CrossoverPoolBlocks(lengths, 16);
+
+  for (uint64_t pool : {work_need, work_need - 1}) {
+    Result<EngineSetup> s = BuildEngine(Tiny(pool), 16 << 20);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Result<WorkloadReport> rep = RunWorkload(s->engine.get(), nullptr, w);
+    if (pool == work_need) {
+      EXPECT_TRUE(rep.ok()) << rep.status().ToString();
+    } else {
+      EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().ToString();
+      EXPECT_NE(rep.status().message().find("needs 4 blocks"), std::string::npos)
+          << rep.status().message();
+    }
+  }
+  for (uint64_t pool : {cal_need, cal_need - 1}) {
+    Result<EngineSetup> s = BuildEngine(Tiny(pool), 16 << 20);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Result<Calibration> cal = Calibrate(s->engine.get(), copt);
+    if (pool == cal_need) {
+      ASSERT_TRUE(cal.ok()) << cal.status().ToString();
+    } else {
+      EXPECT_EQ(cal.status().code(), StatusCode::kInvalidArgument) << cal.status().ToString();
+      EXPECT_NE(cal.status().message().find("needs 9 blocks"), std::string::npos)
+          << cal.status().message();
+      continue;
+    }
+    Planner planner(cal->profile);
+    for (uint64_t cross_pool : {cross_need, cross_need - 1}) {
+      auto e = Engine::CreateSharing(*s->engine, Tiny(cross_pool)).value();
+      ASSERT_TRUE(e->AttachCache(s->cache.get()).ok());
+      Result<CrossoverResult> x = RunCrossover(e.get(), planner, lengths, 1);
+      if (cross_pool == cross_need) {
+        EXPECT_TRUE(x.ok()) << x.status().ToString();
+      } else {
+        EXPECT_EQ(x.status().code(), StatusCode::kInvalidArgument) << x.status().ToString();
+        EXPECT_NE(x.status().message().find("needs 8 blocks"), std::string::npos)
+            << x.status().message();
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::engine

@@ -23,14 +23,15 @@ struct CalibrateFlags {
 int RunCalibrate(const CalibrateFlags& f) {
   using namespace kvtier;
   cli::PrepareBlas();
+  engine::CalibrationOptions opt;
+  opt.reps = f.reps;
   int rc = 0;
-  std::optional<engine::EngineSetup> setup = f.engine.Build("calibrate", &rc);
+  std::optional<engine::EngineSetup> setup = f.engine.Build(
+      "calibrate", engine::CalibrationPoolBlocks(opt, f.engine.options.block_tokens), &rc);
   if (!setup) return rc;
   engine::Engine& e = *setup->engine;
   char host[256] = "";
   gethostname(host, sizeof(host) - 1);
-  engine::CalibrationOptions opt;
-  opt.reps = f.reps;
   opt.machine = std::string(host) + ", OpenBLAS " + engine::BlasCoreName() + " x" +
                 std::to_string(f.engine.options.threads);
   std::printf("calibrating %s, %s per block, on %s\n", e.config().ToString().c_str(),

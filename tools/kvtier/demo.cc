@@ -16,22 +16,15 @@ namespace {
 
 using namespace kvtier;
 
-struct DemoFlags {
-  cli::EngineFlags engine;
-  engine::WorkloadOptions workload;
-  std::string json;
-};
-
-int RunDemo(const DemoFlags& f) {
+int RunDemo(const cli::SessionFlags& f) {
   cli::PrepareBlas();
   int rc = 0;
-  std::optional<engine::EngineSetup> setup = f.engine.Build("demo", &rc);
+  std::optional<engine::EngineSetup> setup = f.engine.Build("demo", f.PoolBlocks(), &rc);
   if (!setup) return rc;
   if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
-  engine::EngineOptions ref_opt = f.engine.options;
+  engine::EngineOptions ref_opt = setup->engine->options();
   // Any prompt the main engine can hold fits the reference too.
-  ref_opt.pool_blocks =
-      std::max<uint64_t>(f.engine.options.pool_blocks, 4096 / ref_opt.block_tokens + 64);
+  ref_opt.pool_blocks = std::max<uint64_t>(ref_opt.pool_blocks, 4096 / ref_opt.block_tokens + 64);
   Result<std::unique_ptr<engine::Engine>> reference =
       engine::Engine::CreateSharing(*setup->engine, ref_opt);
   if (!reference.ok()) {
@@ -102,22 +95,11 @@ int RunDemo(const DemoFlags& f) {
 
 }  // namespace
 
-KVTIER_REGISTER_COMMAND(
-    demo, ({"demo"}),
-    "Multi-turn sessions on the reference engine: TTFT with and without "
-    "reuse, hits, bytes, bit-exact logits",
-    [](CLI::App* app) -> kvtier::cli::RunFn {
-      auto f = std::make_shared<DemoFlags>();
-      f->engine.Add(app, 16);
-      app->add_option("--sessions", f->workload.sessions)->capture_default_str();
-      app->add_option("--turns", f->workload.turns)->capture_default_str();
-      app->add_option("--system-tokens", f->workload.system_tokens, "Shared system prompt")
-          ->capture_default_str();
-      app->add_option("--first-tokens", f->workload.first_user_tokens)->capture_default_str();
-      app->add_option("--turn-tokens", f->workload.turn_tokens, "New tokens per later turn")
-          ->capture_default_str();
-      app->add_option("--decode", f->workload.decode_tokens, "Greedy tokens per turn")
-          ->capture_default_str();
-      app->add_option("--json", f->json, "Write the turns as JSON");
-      return [f] { return RunDemo(*f); };
-    });
+KVTIER_REGISTER_COMMAND(demo, ({"demo"}),
+                        "Multi-turn sessions on the reference engine: TTFT with and without "
+                        "reuse, hits, bytes, bit-exact logits",
+                        [](CLI::App* app) -> kvtier::cli::RunFn {
+                          auto f = std::make_shared<kvtier::cli::SessionFlags>();
+                          f->Add(app, "Write the turns as JSON");
+                          return [f] { return RunDemo(*f); };
+                        });

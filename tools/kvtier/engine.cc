@@ -37,18 +37,23 @@ struct CrossoverFlags {
   std::string json;
 };
 
-int RunCrossoverCommand(CrossoverFlags f) {
+int RunCrossoverCommand(const CrossoverFlags& f) {
   cli::PrepareBlas();
   if (f.min_tokens == 0 || f.max_tokens < f.min_tokens) {
     std::fprintf(stderr, "crossover: need 0 < --min <= --max\n");
     return 2;
   }
   const uint32_t bt = f.engine.options.block_tokens;
-  // The pool holds the longest prompt (the turn's own blocks) and the calibration's batches.
-  f.engine.options.pool_blocks = std::max<uint64_t>(
-      {f.engine.options.pool_blocks, (f.max_tokens + bt) / bt + 4, uint64_t{64}});
+  std::vector<uint32_t> lengths;
+  for (uint64_t n = f.min_tokens; n <= f.max_tokens; n *= 2) lengths.push_back(uint32_t(n));
+  engine::CalibrationOptions copt;  // used when no --profile is given
+  copt.reps = 3;
+  uint64_t pool_need = engine::CrossoverPoolBlocks(lengths, bt);
+  if (f.engine.profile.empty()) {
+    pool_need = std::max(pool_need, engine::CalibrationPoolBlocks(copt, bt));
+  }
   int rc = 0;
-  std::optional<engine::EngineSetup> setup = f.engine.Build("crossover", &rc);
+  std::optional<engine::EngineSetup> setup = f.engine.Build("crossover", pool_need, &rc);
   if (!setup) return rc;
   engine::Engine& e = *setup->engine;
   const uint64_t need = (uint64_t{f.max_tokens} / bt + 1) * e.layout().bytes_per_block();
@@ -73,8 +78,6 @@ int RunCrossoverCommand(CrossoverFlags f) {
     std::printf("planner profile: %s\n", f.engine.profile.c_str());
   } else {
     std::printf("planner profile: calibrating first (no --profile given)...\n");
-    engine::CalibrationOptions copt;
-    copt.reps = 3;
     Result<engine::Calibration> cal = engine::Calibrate(&e, copt);
     if (!cal.ok()) {
       std::fprintf(stderr, "crossover: calibrate: %s\n", cal.status().ToString().c_str());
@@ -89,8 +92,6 @@ int RunCrossoverCommand(CrossoverFlags f) {
   }
   std::printf("\n");
   Planner planner(profile);
-  std::vector<uint32_t> lengths;
-  for (uint64_t n = f.min_tokens; n <= f.max_tokens; n *= 2) lengths.push_back(uint32_t(n));
   cli::Progress progress("crossover");
   Result<engine::CrossoverResult> res = engine::RunCrossover(
       &e, planner, lengths, f.reps, [&](double d, double t) { progress.Update(d, t); });
@@ -129,12 +130,6 @@ int RunCrossoverCommand(CrossoverFlags f) {
   return all_exact ? 0 : 1;
 }
 
-struct RunFlags {
-  cli::EngineFlags engine;
-  engine::WorkloadOptions workload;
-  std::string json;
-};
-
 void PrintTurn(const engine::TurnRecord& r, const char* label, uint32_t bt) {
   const engine::TurnResult& t = r.reuse;
   std::printf("%-9s %4u %4u %7u %8u %8u %8u %10.1f ms %9s %9s\n", label, r.session, r.turn,
@@ -143,14 +138,15 @@ void PrintTurn(const engine::TurnRecord& r, const char* label, uint32_t bt) {
               FormatBytes(t.bytes_stored).c_str());
 }
 
-int RunWorkloadCommand(const RunFlags& f) {
+int RunWorkloadCommand(const cli::SessionFlags& f) {
   cli::PrepareBlas();
   int rc = 0;
-  std::optional<engine::EngineSetup> setup = f.engine.Build("engine run", &rc);
+  std::optional<engine::EngineSetup> setup = f.engine.Build("engine run", f.PoolBlocks(), &rc);
   if (!setup) return rc;
   if (!f.engine.ApplyProfile(setup->engine.get())) return 1;
+  // The same options (the sized pool included), so the two runs differ only in offload.
   Result<std::unique_ptr<engine::Engine>> pool_only =
-      engine::Engine::CreateSharing(*setup->engine, f.engine.options);
+      engine::Engine::CreateSharing(*setup->engine, setup->engine->options());
   if (!pool_only.ok()) {
     std::fprintf(stderr, "engine run: %s\n", pool_only.status().ToString().c_str());
     return 1;
@@ -222,18 +218,10 @@ KVTIER_REGISTER_COMMAND(
       return [f] { return RunCrossoverCommand(*f); };
     });
 
-KVTIER_REGISTER_COMMAND(
-    engine_run, ({"engine", "run"}),
-    "Multi-turn sessions through the engine, with offload and pool-only",
-    [](CLI::App* app) -> kvtier::cli::RunFn {
-      auto f = std::make_shared<RunFlags>();
-      f->engine.Add(app, 16);
-      app->add_option("--sessions", f->workload.sessions)->capture_default_str();
-      app->add_option("--turns", f->workload.turns)->capture_default_str();
-      app->add_option("--system-tokens", f->workload.system_tokens)->capture_default_str();
-      app->add_option("--first-tokens", f->workload.first_user_tokens)->capture_default_str();
-      app->add_option("--turn-tokens", f->workload.turn_tokens)->capture_default_str();
-      app->add_option("--decode", f->workload.decode_tokens)->capture_default_str();
-      app->add_option("--json", f->json, "Write the offload run as JSON");
-      return [f] { return RunWorkloadCommand(*f); };
-    });
+KVTIER_REGISTER_COMMAND(engine_run, ({"engine", "run"}),
+                        "Multi-turn sessions through the engine, with offload and pool-only",
+                        [](CLI::App* app) -> kvtier::cli::RunFn {
+                          auto f = std::make_shared<kvtier::cli::SessionFlags>();
+                          f->Add(app, "Write the offload run as JSON");
+                          return [f] { return RunWorkloadCommand(*f); };
+                        });

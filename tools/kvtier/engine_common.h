@@ -1,14 +1,17 @@
-// Flags shared by the engine subcommands (demo, engine crossover/run, calibrate).
+// Flags shared by the engine subcommands (demo, engine crossover/run, calibrate), each defined
+// once here so that their names, defaults and help read the same in every command.
 #ifndef KVTIER_TOOLS_ENGINE_COMMON_H_
 #define KVTIER_TOOLS_ENGINE_COMMON_H_
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "engine/blas_setup.h"
+#include "engine/driver.h"
 #include "engine/engine.h"
 #include "kvtier/layout.h"
 #include "kvtier/planner.h"
@@ -35,7 +38,8 @@ struct EngineFlags {
   engine::EngineOptions options;
   std::string host_capacity;
   std::string config;
-  std::string profile;  // planner cost profile (kvtier calibrate --json)
+  std::string profile;                      // planner cost profile (kvtier calibrate --json)
+  CLI::Option* pool_blocks_flag = nullptr;  // set by Add: tells whether --pool-blocks was given
 
   void Add(CLI::App* app, uint64_t default_pool_blocks, std::string default_host = "512MiB") {
     options.pool_blocks = default_pool_blocks;
@@ -50,9 +54,9 @@ struct EngineFlags {
         ->capture_default_str();
     app->add_option("--block-tokens", options.block_tokens, "Tokens per KV block")
         ->capture_default_str();
-    app->add_option("--pool-blocks", options.pool_blocks,
-                    "Capacity of the engine's KV pool (the \"HBM\"), in blocks")
-        ->capture_default_str();
+    pool_blocks_flag = app->add_option("--pool-blocks", options.pool_blocks,
+                                       "Capacity of the engine's KV pool (the \"HBM\"), in blocks")
+                           ->capture_default_str();
     app->add_option("--host-capacity", host_capacity, "Capacity of the embedded host tier")
         ->capture_default_str();
     app->add_option("--config", config,
@@ -76,9 +80,37 @@ struct EngineFlags {
     return true;
   }
 
-  // Parses --host-capacity and builds the engine with its Cache. On failure prints why,
-  // prefixed by `command`, sets *exit_code (2 for a bad flag, 1 otherwise), returns nullopt.
-  std::optional<engine::EngineSetup> Build(const char* command, int* exit_code) const;
+  // Parses --host-capacity and builds the engine with its Cache, its pool holding at least
+  // `need_blocks` (what the run holds at once): the default is raised to it when --pool-blocks
+  // was not given, and a smaller --pool-blocks is refused naming the minimum. On failure prints
+  // why, prefixed by `command`, sets *exit_code (2 for a bad flag, 1 otherwise), returns nullopt.
+  std::optional<engine::EngineSetup> Build(const char* command, uint64_t need_blocks,
+                                           int* exit_code) const;
+};
+
+// The flags of the commands that run the multi-turn driver (demo, engine run).
+struct SessionFlags {
+  EngineFlags engine;
+  engine::WorkloadOptions workload;
+  std::string json;
+
+  void Add(CLI::App* app, const std::string& json_help) {
+    engine.Add(app, 16);
+    app->add_option("--sessions", workload.sessions)->capture_default_str();
+    app->add_option("--turns", workload.turns)->capture_default_str();
+    app->add_option("--system-tokens", workload.system_tokens, "Shared system prompt")
+        ->capture_default_str();
+    app->add_option("--first-tokens", workload.first_user_tokens)->capture_default_str();
+    app->add_option("--turn-tokens", workload.turn_tokens, "New tokens per later turn")
+        ->capture_default_str();
+    app->add_option("--decode", workload.decode_tokens, "Greedy tokens per turn")
+        ->capture_default_str();
+    app->add_option("--json", json, json_help);
+  }
+  // Pool blocks the workload needs (for EngineFlags::Build).
+  uint64_t PoolBlocks() const {
+    return engine::WorkloadPoolBlocks(workload, engine.options.block_tokens);
+  }
 };
 
 // Before anything touches OpenBLAS: the faster kernels when OpenBLAS misdetected the CPU.
@@ -95,13 +127,27 @@ inline bool ParseSize(const std::string& text, const char* flag, uint64_t* out) 
 }
 
 inline std::optional<engine::EngineSetup> EngineFlags::Build(const char* command,
+                                                             uint64_t need_blocks,
                                                              int* exit_code) const {
   uint64_t host_bytes = 0;
   if (!ParseSize(host_capacity, "--host-capacity", &host_bytes)) {
     *exit_code = 2;
     return std::nullopt;
   }
-  Result<engine::EngineSetup> setup = engine::BuildEngine(options, host_bytes, config);
+  engine::EngineOptions sized = options;
+  if (pool_blocks_flag == nullptr || pool_blocks_flag->count() == 0) {
+    sized.pool_blocks = std::max(sized.pool_blocks, need_blocks);
+  } else if (sized.pool_blocks < need_blocks) {
+    std::fprintf(stderr,
+                 "%s: --pool-blocks %llu is too small: this run holds up to %llu blocks of %u "
+                 "tokens at once; pass --pool-blocks %llu or more, or leave it out to size the "
+                 "pool to the run\n",
+                 command, (unsigned long long)sized.pool_blocks, (unsigned long long)need_blocks,
+                 sized.block_tokens, (unsigned long long)need_blocks);
+    *exit_code = 2;
+    return std::nullopt;
+  }
+  Result<engine::EngineSetup> setup = engine::BuildEngine(sized, host_bytes, config);
   if (!setup.ok()) {
     std::fprintf(stderr, "%s: %s\n", command, setup.status().ToString().c_str());
     *exit_code = 1;
