@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,31 @@
 #include <thread>
 
 namespace kvtier::testing {
+
+KvLayout RemoteLayout(uint32_t block_tokens) {
+  KvLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 16;
+  l.dtype = DType::kFp16;
+  l.block_tokens = block_tokens;
+  return l;
+}
+
+BlockKey SpreadKey(uint64_t i, uint64_t salt) {
+  return BlockKey{0x9e3779b97f4a7c15ull * (i + 1) ^ (salt << 32), i * 31 + salt + 7};
+}
+
+std::vector<std::byte> BlockBytes(const BlockKey& key, size_t bytes) {
+  std::mt19937_64 rng(key.hi ^ (key.lo << 1));
+  std::vector<std::byte> v(bytes);
+  for (size_t i = 0; i < bytes; i += 8) {
+    const uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, std::min<size_t>(8, bytes - i));
+  }
+  return v;
+}
+
 namespace {
 
 std::string FindInPath(const std::string& name) {

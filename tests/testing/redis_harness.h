@@ -14,13 +14,23 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kvtier/block_key.h"
+#include "kvtier/layout.h"
 #include "kvtier/status.h"
 
 namespace kvtier::testing {
+
+// The remote tests' block shape: 2 layers, 2 KV heads of 16 fp16 (256 bytes a token).
+KvLayout RemoteLayout(uint32_t block_tokens);
+// Key i of a key set: distinct salts give disjoint sets spread over every cluster slot.
+BlockKey SpreadKey(uint64_t i, uint64_t salt = 0);
+// A block's bytes derived from its key, so a block served under the wrong key shows.
+std::vector<std::byte> BlockBytes(const BlockKey& key, size_t bytes);
 
 // Empty when redis-server (and, for a cluster, redis-cli) can be run; else why not.
 std::string RedisMissingReason(bool cluster = false);

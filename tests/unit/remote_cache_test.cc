@@ -24,31 +24,23 @@ namespace {
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisServer;
+using testing::RemoteLayout;
+using testing::SpreadKey;
 
 constexpr uint32_t kBlocks = 12;
 constexpr const char* kChildUrlEnv = "KVTIER_REMOTE_CHILD_URL";
 constexpr const char* kChildSaltEnv = "KVTIER_REMOTE_CHILD_SALT";
 
-KvLayout TestLayout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 16;
-  l.dtype = DType::kFp16;
-  l.block_tokens = 16;
-  return l;  // 4 KiB per block
-}
-
 std::vector<TokenId> Tokens(uint64_t salt) {
-  std::vector<TokenId> t(kBlocks * TestLayout().block_tokens);
+  std::vector<TokenId> t(kBlocks * RemoteLayout(16).block_tokens);
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(salt * 1000003 + i * 7);
   return t;
 }
 
 std::vector<std::vector<std::byte>> Blocks(uint64_t salt) {
   std::mt19937_64 rng(salt);
-  std::vector<std::vector<std::byte>> out(kBlocks,
-                                          std::vector<std::byte>(TestLayout().bytes_per_block()));
+  std::vector<std::vector<std::byte>> out(
+      kBlocks, std::vector<std::byte>(RemoteLayout(16).bytes_per_block()));
   for (auto& b : out) {
     for (auto& x : b) x = static_cast<std::byte>(rng());
   }
@@ -57,7 +49,7 @@ std::vector<std::vector<std::byte>> Blocks(uint64_t salt) {
 
 CacheOptions Options(const std::string& url, const std::string& tenant = "") {
   CacheOptions o;
-  o.layout = TestLayout();
+  o.layout = RemoteLayout(16);
   o.model_id = "remote-cache-test";
   o.tenant = tenant;
   TierSpec host;
@@ -98,8 +90,8 @@ uint32_t LoadExact(Cache& cache, uint64_t salt, const RequestOptions& req = {},
   EXPECT_TRUE(lookup.ok()) << lookup.status().ToString();
   if (!lookup.ok()) return 0;
   auto want = Blocks(salt);
-  std::vector<std::vector<std::byte>> got(lookup->hit_blocks,
-                                          std::vector<std::byte>(TestLayout().bytes_per_block()));
+  std::vector<std::vector<std::byte>> got(
+      lookup->hit_blocks, std::vector<std::byte>(RemoteLayout(16).bytes_per_block()));
   std::vector<MutableBlock> dst(got.begin(), got.end());
   Result<LoadResult> load = cache.Load(*lookup, dst);
   EXPECT_TRUE(load.ok()) << load.status().ToString();
@@ -216,7 +208,7 @@ TEST_F(RemoteCacheTest, BlockCorruptedInRedisBecomesARecompute) {
   StoreAll(*writer, 3);
   // Corrupt block 4 inside Redis.
   std::vector<BlockKey> keys;
-  HashPrefix(writer->Root(), TestLayout().block_tokens, Tokens(3), &keys);
+  HashPrefix(writer->Root(), RemoteLayout(16).block_tokens, Tokens(3), &keys);
   ASSERT_EQ(keys.size(), kBlocks);
   const std::string rkey = remote::RedisKeyOf("kvtier:", keys[4]);
   Result<int> node = cluster_->NodeOfKey(rkey);

@@ -15,34 +15,13 @@
 namespace kvtier::remote {
 namespace {
 
+using testing::BlockBytes;
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisReplyText;
 using testing::RedisServer;
-
-KvLayout TestLayout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 16;
-  l.dtype = DType::kFp16;
-  l.block_tokens = 64;
-  return l;  // 16 KiB per block
-}
-
-BlockKey KeyOf(uint64_t i, uint64_t salt) {
-  return BlockKey{0x9e3779b97f4a7c15ull * (i + 1) ^ (salt << 32), i * 31 + salt + 7};
-}
-
-std::vector<std::byte> BlockFor(const BlockKey& key, size_t bytes) {
-  std::mt19937_64 rng(key.hi ^ (key.lo << 1));
-  std::vector<std::byte> v(bytes);
-  for (size_t i = 0; i < bytes; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(v.data() + i, &x, std::min<size_t>(8, bytes - i));
-  }
-  return v;
-}
+using testing::RemoteLayout;
+using testing::SpreadKey;
 
 struct Round {
   std::vector<Status> put, got;
@@ -59,8 +38,8 @@ Round PutGet(RemoteTier& tier, size_t n, uint64_t salt) {
   std::vector<ConstBlock> blocks;
   std::vector<MutableBlock> spans;
   for (size_t i = 0; i < n; ++i) {
-    keys.push_back(KeyOf(i, salt));
-    data.push_back(BlockFor(keys.back(), tier.block_bytes()));
+    keys.push_back(SpreadKey(i, salt));
+    data.push_back(BlockBytes(keys.back(), tier.block_bytes()));
     out.emplace_back(tier.block_bytes());
   }
   for (size_t i = 0; i < n; ++i) {
@@ -101,7 +80,7 @@ class RemoteClusterTest : public ::testing::Test {
   }
   RemoteTierOptions Options() const {
     RemoteTierOptions o;
-    o.layout = TestLayout();
+    o.layout = RemoteLayout(64);
     o.capacity_bytes = 64 << 20;
     o.url = cluster_->url();
     o.key_prefix =
@@ -143,7 +122,8 @@ TEST_F(RemoteClusterTest, SpreadsKeysOverEveryMasterAndRoundTrips) {
     EXPECT_GT(std::atoi(size->text.c_str()), 50) << "node " << n;
   }
   // Exists and Erase route the same way.
-  std::vector<BlockKey> keys = {KeyOf(0, 1), KeyOf(1, 1), KeyOf(2, 1), KeyOf(999, 1)};
+  std::vector<BlockKey> keys = {SpreadKey(0, 1), SpreadKey(1, 1), SpreadKey(2, 1),
+                                SpreadKey(999, 1)};
   bool exists[4];
   ASSERT_TRUE(tier->Exists(keys, exists).ok());
   EXPECT_TRUE(exists[0] && exists[1] && exists[2]);
@@ -158,11 +138,11 @@ TEST_F(RemoteClusterTest, FollowsAskAndMovedDuringASlotMigration) {
   auto tier = OpenTier(o);
   ASSERT_NE(tier, nullptr);
   // Two block keys in one hash slot.
-  BlockKey k1 = KeyOf(0, 2);
+  BlockKey k1 = SpreadKey(0, 2);
   int slot = KeyHashSlot(RedisKeyOf(o.key_prefix, k1));
   BlockKey k2;
   for (uint64_t i = 1;; ++i) {
-    k2 = KeyOf(i, 2);
+    k2 = SpreadKey(i, 2);
     if (KeyHashSlot(RedisKeyOf(o.key_prefix, k2)) == slot) break;
   }
   const std::string r1 = RedisKeyOf(o.key_prefix, k1);
@@ -171,8 +151,8 @@ TEST_F(RemoteClusterTest, FollowsAskAndMovedDuringASlotMigration) {
   int src = *src_r, dst = (src + 1) % 3;
   std::string src_id = MyId(src), dst_id = MyId(dst);
   ASSERT_FALSE(src_id.empty());
-  std::vector<std::byte> d1 = BlockFor(k1, tier->block_bytes());
-  std::vector<std::byte> d2 = BlockFor(k2, tier->block_bytes());
+  std::vector<std::byte> d1 = BlockBytes(k1, tier->block_bytes());
+  std::vector<std::byte> d2 = BlockBytes(k2, tier->block_bytes());
   auto put = [&](const BlockKey& k, const std::vector<std::byte>& d) {
     ConstBlock b[1] = {d};
     Status s[1];

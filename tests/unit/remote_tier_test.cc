@@ -16,32 +16,11 @@
 namespace kvtier::remote {
 namespace {
 
+using testing::BlockBytes;
 using testing::RedisMissingReason;
 using testing::RedisServer;
-
-KvLayout TestLayout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 16;
-  l.dtype = DType::kFp16;
-  l.block_tokens = 64;
-  return l;  // 16 KiB per block
-}
-
-BlockKey KeyOf(uint64_t i, uint64_t salt = 0) {
-  return BlockKey{0x9e3779b97f4a7c15ull * (i + 1) ^ salt, i * 31 + salt + 7};
-}
-
-std::vector<std::byte> BlockFor(const BlockKey& key, size_t bytes) {
-  std::mt19937_64 rng(key.hi ^ (key.lo << 1));
-  std::vector<std::byte> v(bytes);
-  for (size_t i = 0; i < bytes; i += 8) {
-    uint64_t x = rng();
-    std::memcpy(v.data() + i, &x, std::min<size_t>(8, bytes - i));
-  }
-  return v;
-}
+using testing::RemoteLayout;
+using testing::SpreadKey;
 
 class RemoteTierTest : public ::testing::Test {
  protected:
@@ -62,7 +41,7 @@ class RemoteTierTest : public ::testing::Test {
   // A distinct key prefix per test keeps tests apart on the shared server.
   RemoteTierOptions Options(const std::string& url) const {
     RemoteTierOptions o;
-    o.layout = TestLayout();
+    o.layout = RemoteLayout(64);
     o.capacity_bytes = 64 << 20;
     o.url = url;
     o.key_prefix =
@@ -84,8 +63,8 @@ class RemoteTierTest : public ::testing::Test {
     std::vector<std::vector<std::byte>> data;
     std::vector<ConstBlock> blocks;
     for (size_t i = 0; i < n; ++i) {
-      keys.push_back(KeyOf(i, salt));
-      data.push_back(BlockFor(keys.back(), tier.block_bytes()));
+      keys.push_back(SpreadKey(i, salt));
+      data.push_back(BlockBytes(keys.back(), tier.block_bytes()));
     }
     for (auto& d : data) blocks.emplace_back(d);
     results->assign(n, Status::Ok());
@@ -98,7 +77,7 @@ class RemoteTierTest : public ::testing::Test {
     out->assign(n, std::vector<std::byte>(tier.block_bytes()));
     std::vector<MutableBlock> spans;
     for (size_t i = 0; i < n; ++i) {
-      keys.push_back(KeyOf(i, salt));
+      keys.push_back(SpreadKey(i, salt));
       spans.emplace_back((*out)[i]);
     }
     std::vector<Status> results(n);
@@ -133,7 +112,7 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
   }
   // The value in Redis is the header, the block and the checksum trailer.
   Result<testing::RedisReplyText> len =
-      server_->Command({"STRLEN", RedisKeyOf(tier->options().key_prefix, KeyOf(0, 1))});
+      server_->Command({"STRLEN", RedisKeyOf(tier->options().key_prefix, SpreadKey(0, 1))});
   ASSERT_TRUE(len.ok());
   EXPECT_EQ(len->text,
             std::to_string(kValueHeaderBytes + tier->block_bytes() + kValueTrailerBytes));
@@ -162,7 +141,7 @@ TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
       ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].ToString();
       EXPECT_TRUE(out[i] == data[i]) << "block " << i << " differs";
     }
-    std::vector<BlockKey> keys = {KeyOf(0, 7), KeyOf(99, 7)};
+    std::vector<BlockKey> keys = {SpreadKey(0, 7), SpreadKey(99, 7)};
     bool exists[2] = {false, true};
     ASSERT_TRUE(tier->Exists(keys, exists).ok());
     EXPECT_TRUE(exists[0]);
@@ -175,7 +154,7 @@ TEST_F(RemoteTierTest, MissesExistsAndErase) {
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 3, 2, &put);
-  std::vector<BlockKey> keys = {KeyOf(0, 2), KeyOf(99, 2), KeyOf(2, 2)};
+  std::vector<BlockKey> keys = {SpreadKey(0, 2), SpreadKey(99, 2), SpreadKey(2, 2)};
   bool exists[3] = {false, true, false};
   ASSERT_TRUE(tier->Exists(keys, exists).ok());
   EXPECT_TRUE(exists[0]);
@@ -184,7 +163,7 @@ TEST_F(RemoteTierTest, MissesExistsAndErase) {
   std::vector<std::byte> buf(tier->block_bytes());
   MutableBlock one[1] = {buf};
   Status r[1];
-  BlockKey missing[1] = {KeyOf(99, 2)};
+  BlockKey missing[1] = {SpreadKey(99, 2)};
   ASSERT_TRUE(tier->Get(missing, one, r).ok());
   EXPECT_TRUE(r[0].IsNotFound()) << r[0].ToString();
   ASSERT_TRUE(tier->Erase(std::span(keys).first(1)).ok());
@@ -198,7 +177,7 @@ TEST_F(RemoteTierTest, WrongSizedBlockFailsAloneAndNeverReachesRedis) {
   ASSERT_NE(tier, nullptr);
   std::vector<std::byte> good(tier->block_bytes(), std::byte{1});
   std::vector<std::byte> bad(tier->block_bytes() - 1);
-  BlockKey keys[2] = {KeyOf(0, 3), KeyOf(1, 3)};
+  BlockKey keys[2] = {SpreadKey(0, 3), SpreadKey(1, 3)};
   ConstBlock blocks[2] = {good, bad};
   Status r[2];
   ASSERT_TRUE(tier->Put(keys, blocks, r).ok());
@@ -219,7 +198,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   PutKeys(*tier, 2, 4, &put);
   ASSERT_TRUE(put[0].ok()) << put[0].ToString();
   Result<testing::RedisReplyText> ttl =
-      server_->Command({"TTL", RedisKeyOf(o.key_prefix, KeyOf(1, 4))});
+      server_->Command({"TTL", RedisKeyOf(o.key_prefix, SpreadKey(1, 4))});
   ASSERT_TRUE(ttl.ok());
   int secs = std::atoi(ttl->text.c_str());
   EXPECT_GT(secs, 0);
@@ -229,7 +208,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   ASSERT_NE(plain, nullptr);
   std::vector<Status> put2;
   PutKeys(*plain, 1, 5, &put2);
-  ttl = server_->Command({"TTL", RedisKeyOf(plain->options().key_prefix, KeyOf(0, 5))});
+  ttl = server_->Command({"TTL", RedisKeyOf(plain->options().key_prefix, SpreadKey(0, 5))});
   ASSERT_TRUE(ttl.ok());
   EXPECT_EQ(ttl->text, "-1");
 }
@@ -246,12 +225,19 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
   const std::string& prefix = tier->options().key_prefix;
   // 0: a payload byte flipped; 1: the header's key field changed; 2: truncated;
   // 3: another block's value copied under this key; 4: untouched.
-  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, KeyOf(0, 6)), "1000", "X"}).ok());
-  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, KeyOf(1, 6)), "10", "Z"}).ok());
-  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, KeyOf(2, 6)), "short"}).ok());
-  Result<testing::RedisReplyText> v4 = server_->Command({"GET", RedisKeyOf(prefix, KeyOf(4, 6))});
+  // Flipped, not overwritten: a fixed byte could equal the one it replaces.
+  Result<testing::RedisReplyText> b0 =
+      server_->Command({"GETRANGE", RedisKeyOf(prefix, SpreadKey(0, 6)), "1000", "1000"});
+  ASSERT_TRUE(b0.ok() && b0->text.size() == 1);
+  const std::string flipped(1, static_cast<char>(~b0->text[0]));
+  ASSERT_TRUE(
+      server_->Command({"SETRANGE", RedisKeyOf(prefix, SpreadKey(0, 6)), "1000", flipped}).ok());
+  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, SpreadKey(1, 6)), "10", "Z"}).ok());
+  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, SpreadKey(2, 6)), "short"}).ok());
+  Result<testing::RedisReplyText> v4 =
+      server_->Command({"GET", RedisKeyOf(prefix, SpreadKey(4, 6))});
   ASSERT_TRUE(v4.ok());
-  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, KeyOf(3, 6)), v4->text}).ok());
+  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, SpreadKey(3, 6)), v4->text}).ok());
 
   std::vector<std::vector<std::byte>> out;
   std::vector<Status> got = GetKeys(*tier, 5, 6, &out);
@@ -450,7 +436,7 @@ TEST_F(RemoteTierTest, ConcurrentCallersSeeTheirOwnBytes) {
 }
 
 TEST(RemoteTierOptionsTest, ParamsAreCheckedAndNamed) {
-  KvLayout l = TestLayout();
+  KvLayout l = RemoteLayout(64);
   auto parse = [&](std::map<std::string, std::string> p) {
     return RemoteTierOptionsFromParams("remote", l, 1 << 20, p);
   };
