@@ -24,16 +24,6 @@
 
 namespace kvtier::testing {
 
-KvLayout RemoteLayout(uint32_t block_tokens) {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 16;
-  l.dtype = DType::kFp16;
-  l.block_tokens = block_tokens;
-  return l;
-}
-
 BlockKey SpreadKey(uint64_t i, uint64_t salt) {
   return BlockKey{0x9e3779b97f4a7c15ull * (i + 1) ^ (salt << 32), i * 31 + salt + 7};
 }

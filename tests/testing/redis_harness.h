@@ -20,13 +20,10 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
-#include "kvtier/layout.h"
 #include "kvtier/status.h"
 
 namespace kvtier::testing {
 
-// The remote tests' block shape: 2 layers, 2 KV heads of 16 fp16 (256 bytes a token).
-KvLayout RemoteLayout(uint32_t block_tokens);
 // Key i of a key set: distinct salts give disjoint sets spread over every cluster slot.
 BlockKey SpreadKey(uint64_t i, uint64_t salt = 0);
 // A block's bytes derived from its key, so a block served under the wrong key shows.

@@ -15,6 +15,7 @@
 
 #include "kvtier/cache.h"
 #include "testing/redis_harness.h"
+#include "testing/test_util.h"
 #include "tiers/remote/remote_tier.h"
 #include "tiers/remote/value_format.h"
 
@@ -24,7 +25,7 @@ namespace {
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisServer;
-using testing::RemoteLayout;
+using testing::SmallLayout;
 using testing::SpreadKey;
 
 constexpr uint32_t kBlocks = 12;
@@ -32,7 +33,7 @@ constexpr const char* kChildUrlEnv = "KVTIER_REMOTE_CHILD_URL";
 constexpr const char* kChildSaltEnv = "KVTIER_REMOTE_CHILD_SALT";
 
 std::vector<TokenId> Tokens(uint64_t salt) {
-  std::vector<TokenId> t(kBlocks * RemoteLayout(16).block_tokens);
+  std::vector<TokenId> t(kBlocks * SmallLayout(16).block_tokens);
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<TokenId>(salt * 1000003 + i * 7);
   return t;
 }
@@ -40,7 +41,7 @@ std::vector<TokenId> Tokens(uint64_t salt) {
 std::vector<std::vector<std::byte>> Blocks(uint64_t salt) {
   std::mt19937_64 rng(salt);
   std::vector<std::vector<std::byte>> out(
-      kBlocks, std::vector<std::byte>(RemoteLayout(16).bytes_per_block()));
+      kBlocks, std::vector<std::byte>(SmallLayout(16).bytes_per_block()));
   for (auto& b : out) {
     for (auto& x : b) x = static_cast<std::byte>(rng());
   }
@@ -49,7 +50,7 @@ std::vector<std::vector<std::byte>> Blocks(uint64_t salt) {
 
 CacheOptions Options(const std::string& url, const std::string& tenant = "") {
   CacheOptions o;
-  o.layout = RemoteLayout(16);
+  o.layout = SmallLayout(16);
   o.model_id = "remote-cache-test";
   o.tenant = tenant;
   TierSpec host;
@@ -91,7 +92,7 @@ uint32_t LoadExact(Cache& cache, uint64_t salt, const RequestOptions& req = {},
   if (!lookup.ok()) return 0;
   auto want = Blocks(salt);
   std::vector<std::vector<std::byte>> got(
-      lookup->hit_blocks, std::vector<std::byte>(RemoteLayout(16).bytes_per_block()));
+      lookup->hit_blocks, std::vector<std::byte>(SmallLayout(16).bytes_per_block()));
   std::vector<MutableBlock> dst(got.begin(), got.end());
   Result<LoadResult> load = cache.Load(*lookup, dst);
   EXPECT_TRUE(load.ok()) << load.status().ToString();
@@ -208,7 +209,7 @@ TEST_F(RemoteCacheTest, BlockCorruptedInRedisBecomesARecompute) {
   StoreAll(*writer, 3);
   // Corrupt block 4 inside Redis.
   std::vector<BlockKey> keys;
-  HashPrefix(writer->Root(), RemoteLayout(16).block_tokens, Tokens(3), &keys);
+  HashPrefix(writer->Root(), SmallLayout(16).block_tokens, Tokens(3), &keys);
   ASSERT_EQ(keys.size(), kBlocks);
   const std::string rkey = remote::RedisKeyOf("kvtier:", keys[4]);
   Result<int> node = cluster_->NodeOfKey(rkey);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "testing/redis_harness.h"
+#include "testing/test_util.h"
 #include "tiers/remote/remote_tier.h"
 #include "tiers/remote/value_format.h"
 
@@ -20,7 +21,7 @@ using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisReplyText;
 using testing::RedisServer;
-using testing::RemoteLayout;
+using testing::SmallLayout;
 using testing::SpreadKey;
 
 struct Round {
@@ -80,7 +81,7 @@ class RemoteClusterTest : public ::testing::Test {
   }
   RemoteTierOptions Options() const {
     RemoteTierOptions o;
-    o.layout = RemoteLayout(64);
+    o.layout = SmallLayout(64);
     o.capacity_bytes = 64 << 20;
     o.url = cluster_->url();
     o.key_prefix =

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "testing/redis_harness.h"
+#include "testing/test_util.h"
 #include "tiers/remote/remote_tier.h"
 #include "tiers/remote/value_format.h"
 
@@ -19,7 +20,7 @@ namespace {
 using testing::BlockBytes;
 using testing::RedisMissingReason;
 using testing::RedisServer;
-using testing::RemoteLayout;
+using testing::SmallLayout;
 using testing::SpreadKey;
 
 class RemoteTierTest : public ::testing::Test {
@@ -41,7 +42,7 @@ class RemoteTierTest : public ::testing::Test {
   // A distinct key prefix per test keeps tests apart on the shared server.
   RemoteTierOptions Options(const std::string& url) const {
     RemoteTierOptions o;
-    o.layout = RemoteLayout(64);
+    o.layout = SmallLayout(64);
     o.capacity_bytes = 64 << 20;
     o.url = url;
     o.key_prefix =
@@ -126,7 +127,7 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
 // raised; the short replies that follow on the same pooled connections must not wait on it.
 TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
   RemoteTierOptions o = Options(server_->url());
-  o.layout.head_dim = 2048;  // 2 layers * K,V * 2 heads * 2048 * 2 B * 64 tokens = 2 MiB
+  o.layout.head_dim = 1024;  // 2 layers * K,V * 2 heads * 1024 * 4 B * 64 tokens = 2 MiB
   o.timeout_ms = 5000;       // a short reply stuck behind a stale low-water mark fails here
   auto tier = OpenTier(o);
   ASSERT_NE(tier, nullptr);
@@ -436,7 +437,7 @@ TEST_F(RemoteTierTest, ConcurrentCallersSeeTheirOwnBytes) {
 }
 
 TEST(RemoteTierOptionsTest, ParamsAreCheckedAndNamed) {
-  KvLayout l = RemoteLayout(64);
+  KvLayout l = SmallLayout(64);
   auto parse = [&](std::map<std::string, std::string> p) {
     return RemoteTierOptionsFromParams("remote", l, 1 << 20, p);
   };
