@@ -43,6 +43,7 @@ struct BlockKeyHash {
 // What separates one cache namespace from another.
 struct Namespace {
   std::string model_id;
+  std::string model_revision;  // weights fingerprint or revision string; empty = unversioned
   uint64_t layout_fingerprint = 0;
   std::string tenant;   // tenant / cache salt; empty = the default tenant
   std::string lora_id;  // empty = base model

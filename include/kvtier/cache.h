@@ -23,7 +23,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/events.h"
-#include "kvtier/index.h"
+#include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/policy.h"
 #include "kvtier/status.h"
@@ -51,6 +51,9 @@ struct TierSpec {
 struct CacheOptions {
   KvLayout layout;
   std::string model_id = "default";
+  // What keeps two checkpoints served under one model_id apart: a hash of the weights, or a
+  // revision string. Part of every key's namespace root.
+  std::string model_revision;
   std::string tenant;  // the default namespace; a request may name another
   std::string lora_id;
   std::vector<TierSpec> tiers;  // fastest first; at most kMaxTiers
@@ -63,61 +66,7 @@ struct CacheOptions {
   Status Validate() const;
 };
 
-struct RequestOptions {
-  std::string tenant;   // empty = CacheOptions::tenant
-  std::string lora_id;  // empty = CacheOptions::lora_id
-  uint64_t session_id = 0;
-};
-
-struct LookupResult {
-  std::vector<BlockKey> keys;  // keys of every full block of the request
-  uint32_t hit_blocks = 0;     // leading blocks that can be loaded
-  std::vector<int8_t> source;  // source[i] (i < hit_blocks): tier to load block i from
-  std::array<uint32_t, kMaxTiers> blocks_by_tier{};  // hit blocks per source tier
-  PinSet pins;                                       // keeps the hit blocks resident until released
-  uint32_t block_tokens = 0;
-  uint64_t hit_tokens() const { return uint64_t{hit_blocks} * block_tokens; }
-};
-
-struct LoadResult {
-  uint32_t loaded_blocks = 0;        // leading blocks delivered; recompute from here on
-  std::vector<Status> block_status;  // per requested block
-  uint64_t bytes = 0;
-};
-
-struct StoreResult {
-  uint32_t stored_blocks = 0;   // blocks newly written to at least one tier
-  uint32_t present_blocks = 0;  // already resident (touched, not copied)
-  uint32_t failed_blocks = 0;
-  Status first_error;  // the first failure, for logs
-};
-
-struct CacheStats {
-  struct PerTier {
-    std::string name;
-    TierKind kind = TierKind::kHost;
-    TierStats tier;
-    uint64_t resident_blocks = 0;
-    uint64_t hit_blocks = 0;  // blocks served by Lookup+Load from this tier
-    uint64_t evictions = 0;
-    uint64_t writebacks = 0;   // victims moved down on eviction
-    uint64_t rejected = 0;     // refused by admission
-    uint64_t corruptions = 0;  // loads that failed verification
-  };
-  std::vector<PerTier> tiers;
-  uint64_t lookups = 0;
-  uint64_t lookup_blocks = 0;
-  uint64_t hit_blocks = 0;
-  uint64_t loads = 0;
-  uint64_t load_failed_blocks = 0;  // became recompute
-  uint64_t stores = 0;
-  uint64_t stored_blocks = 0;
-  Histogram::Snapshot lookup_latency_ns;
-  Histogram::Snapshot load_latency_ns;
-  Histogram::Snapshot store_latency_ns;
-};
-
-class Cache {
+class Cache final : public KvCache {
  public:
   // Builds the tiers and policies. InvalidArgument for bad options (naming the key); the
   // error of a tier that failed to open otherwise.
@@ -126,35 +75,37 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  const KvLayout& layout() const;
+  const KvLayout& layout() const override;
   int num_tiers() const;
   Tier& tier(int index);
 
   // The namespace root of a request.
-  BlockKey Root(const RequestOptions& request = {}) const;
+  BlockKey Root(const RequestOptions& request = {}) const override;
 
   // Hashes tokens' full blocks and finds the longest loadable prefix; pins it.
-  Result<LookupResult> Lookup(std::span<const TokenId> tokens, const RequestOptions& request = {});
+  Result<LookupResult> Lookup(std::span<const TokenId> tokens,
+                              const RequestOptions& request = {}) override;
   // Same, for a chain the caller hashed (e.g. incrementally with PrefixHasher).
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
-                                  const RequestOptions& request = {});
+                                  const RequestOptions& request = {}) override;
 
   // Copies lookup's first dst.size() hit blocks (dst.size() <= hit_blocks) into dst.
   // InvalidArgument when dst is longer than hit_blocks or a buffer has the wrong size.
-  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst);
+  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) override;
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
   // more blocks than full blocks in tokens, or a buffer has the wrong size.
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
-                            uint32_t first_block = 0, const RequestOptions& request = {});
+                            uint32_t first_block = 0, const RequestOptions& request = {}) override;
   // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
-                                uint32_t first_block = 0, const RequestOptions& request = {});
+                                uint32_t first_block = 0,
+                                const RequestOptions& request = {}) override;
 
   // Session lifecycle hints for session-aware policies.
-  void NotifySession(uint64_t session_id, SessionEvent event);
+  void NotifySession(uint64_t session_id, SessionEvent event) override;
 
-  CacheStats stats() const;
+  CacheStats stats() const override;
   // Prometheus text exposition format (version 0.0.4) of stats().
   std::string PrometheusText() const;
 

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
-inline constexpr int kMaxTiers = 8;
 using TierMask = uint32_t;  // bit t set: resident in tier t
 
 // 16 bytes, so an index slot (key + entry) is 32 and Match touches two per cache line. A block's

@@ -29,6 +29,9 @@
 
 namespace kvtier {
 
+// Tiers one cache stacks at most (tier masks and per-tier arrays are this wide).
+inline constexpr int kMaxTiers = 8;
+
 enum class TierKind : uint8_t { kDevice, kHost, kDisk, kRemote, kMetadata };
 std::string_view TierKindName(TierKind kind);
 

@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "kvtier/index.h"
 
 namespace kvtier {
 namespace {
@@ -14,6 +15,11 @@ namespace {
 std::string TierField(size_t i, const char* field) {
   return "tiers[" + std::to_string(i) + "]." + field;
 }
+
+// A lookup's index pins, behind the public PinHandle.
+struct IndexPins final : PinHandle::Holder {
+  PinSet pins;
+};
 
 // Per-thread scratch for victims moved down on write-back, one per tier: moving a victim
 // down can evict from the tier below, recursively, and each level needs its own buffer.
@@ -83,8 +89,8 @@ struct TierState {
 class Cache::Impl {
  public:
   explicit Impl(CacheOptions options) : options_(std::move(options)) {
-    Namespace ns{options_.model_id, options_.layout.fingerprint(), options_.tenant,
-                 options_.lora_id};
+    Namespace ns{options_.model_id, options_.model_revision, options_.layout.fingerprint(),
+                 options_.tenant, options_.lora_id};
     default_root_ = ns.Root();
   }
 
@@ -129,7 +135,7 @@ class Cache::Impl {
 
   BlockKey Root(const RequestOptions& r) const {
     if (r.tenant.empty() && r.lora_id.empty()) return default_root_;
-    Namespace ns{options_.model_id, options_.layout.fingerprint(),
+    Namespace ns{options_.model_id, options_.model_revision, options_.layout.fingerprint(),
                  r.tenant.empty() ? options_.tenant : r.tenant,
                  r.lora_id.empty() ? options_.lora_id : r.lora_id};
     return ns.Root();
@@ -203,7 +209,9 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   r.block_tokens = options_.layout.block_tokens;
   r.keys.assign(keys.begin(), keys.end());
   MatchResult m;
-  index_.MatchAndPin(keys, &m, &r.pins);
+  auto held = std::make_unique<IndexPins>();
+  index_.MatchAndPin(keys, &m, &held->pins);
+  if (!held->pins.empty()) r.pins = PinHandle(std::move(held));
   uint32_t hit = m.any_prefix;
   std::vector<TierMask> masks = std::move(m.masks);
 

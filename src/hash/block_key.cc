@@ -59,7 +59,7 @@ Result<BlockKey> BlockKey::FromHex(std::string_view hex) {
 
 BlockKey Namespace::Root() const {
   // Length-prefixed fields, so ("ab","c") and ("a","bc") differ.
-  std::string buf = "kvtier-ns-v1";
+  std::string buf = "kvtier-ns-v2";
   auto put_str = [&](const std::string& s) {
     unsigned char len[8];
     PutLe64(len, s.size());
@@ -67,6 +67,7 @@ BlockKey Namespace::Root() const {
     buf += s;
   };
   put_str(model_id);
+  put_str(model_revision);
   unsigned char fp[8];
   PutLe64(fp, layout_fingerprint);
   buf.append(reinterpret_cast<const char*>(fp), 8);

@@ -13,7 +13,7 @@ namespace {
 
 using testing::Tokens;
 
-BlockKey Root() { return Namespace{"m", 7, "", ""}.Root(); }
+BlockKey Root() { return Namespace{"m", "", 7, "", ""}.Root(); }
 
 TEST(BlockKeyTest, ChainIsXxh3OfParentAndTokens) {
   // The documented encoding (doc/layout.md): parent hi, parent lo (LE64), tokens (LE32).
@@ -31,13 +31,14 @@ TEST(BlockKeyTest, ChainIsXxh3OfParentAndTokens) {
 }
 
 TEST(BlockKeyTest, GoldenValuesAreStable) {
-  // Keys are shared across processes and machines: these must never change.
-  BlockKey root = Namespace{"llama-3.1-8b", 0x1234, "tenant-a", ""}.Root();
+  // Keys are shared across processes and machines: these must never change (they did once, for
+  // the v2 root that carries the model revision).
+  BlockKey root = Namespace{"llama-3.1-8b", "", 0x1234, "tenant-a", ""}.Root();
   std::vector<BlockKey> chain;
   HashPrefix(root, 4, Tokens(8), &chain);
   ASSERT_EQ(chain.size(), 2u);
-  EXPECT_EQ(root.ToHex(), "d63b581d52a7aac96e0ee3efdb1dc2be") << root.ToHex();
-  EXPECT_EQ(chain[1].ToHex(), "1f1014f4485783f6e90fd9370c3a6181") << chain[1].ToHex();
+  EXPECT_EQ(root.ToHex(), "0604a8f11f16cf1b00b59c3b6be0e79b") << root.ToHex();
+  EXPECT_EQ(chain[1].ToHex(), "a9af1f4b1d6952d587b3edbcec44db63") << chain[1].ToHex();
 }
 
 TEST(BlockKeyTest, PartialBlockHasNoKey) {
@@ -74,12 +75,14 @@ TEST(BlockKeyTest, EqualPrefixesMeetDifferentOnesDoNot) {
 TEST(BlockKeyTest, NamespacesNeverShareRoots) {
   std::set<BlockKey> roots;
   for (const char* model : {"m1", "m2"})
-    for (uint64_t fp : {1ull, 2ull})
-      for (const char* tenant : {"", "a", "b"})
-        for (const char* lora : {"", "l1"}) roots.insert(Namespace{model, fp, tenant, lora}.Root());
-  EXPECT_EQ(roots.size(), 2u * 2 * 3 * 2);
+    for (const char* revision : {"", "r1", "r2"})
+      for (uint64_t fp : {1ull, 2ull})
+        for (const char* tenant : {"", "a", "b"})
+          for (const char* lora : {"", "l1"})
+            roots.insert(Namespace{model, revision, fp, tenant, lora}.Root());
+  EXPECT_EQ(roots.size(), 2u * 3 * 2 * 3 * 2);
   // Length-prefixed fields: moving a character between fields changes the root.
-  EXPECT_NE((Namespace{"ab", 0, "c", ""}.Root()), (Namespace{"a", 0, "bc", ""}.Root()));
+  EXPECT_NE((Namespace{"ab", "", 0, "c", ""}.Root()), (Namespace{"a", "", 0, "bc", ""}.Root()));
 }
 
 TEST(BlockKeyTest, IdKeysDifferFromTokenKeys) {

@@ -149,7 +149,7 @@ int Run(const BenchHostOptions& o) {
   std::mt19937 rng(42);
   for (auto& t : tokens) t = rng() % 128256;
   std::vector<BlockKey> chain;
-  BlockKey root = Namespace{"bench", 0, "", ""}.Root();
+  BlockKey root = Namespace{"bench", "", 0, "", ""}.Root();
   std::vector<double> hash_ns;
   for (int r = 0; r < o.reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
