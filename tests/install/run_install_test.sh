@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# usage: run_install_test.sh BUILD_DIR CONSUMER_SRC CXX
+# usage: run_install_test.sh BUILD_DIR SRC_DIR CXX CC
+# Installs kvtier into a temporary prefix, builds a tiny C++ engine (find_package(kvtier), the
+# static library) and a C11 one (the C API in libkvtier.so) against it, and runs both; checks
+# that libkvtier.so exports nothing but kvtier_* symbols.
 set -euo pipefail
-build=$1 src=$2 cxx=$3
+build=$1 src=$2 cxx=$3 cc=$4
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-install-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
+cmake -S "$src/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/consumer"
+
+lib=$(ls "$work"/prefix/lib*/libkvtier.so.1)
+soname=$(objdump -p "$lib" | awk '/SONAME/ {print $2}')
+[ "$soname" = "libkvtier.so.1" ] || { echo "libkvtier.so: SONAME is '$soname'" >&2; exit 1; }
+foreign=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ && $3 !~ /^kvtier_/ {print $3}')
+[ -z "$foreign" ] || { echo "libkvtier.so exports non-kvtier_ symbols: $foreign" >&2; exit 1; }
+
+cmake -S "$src/c_consumer" -B "$work/cbuild" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_C_COMPILER="$cc" >/dev/null
+cmake --build "$work/cbuild" -j2 >/dev/null
+LD_LIBRARY_PATH="$(dirname "$lib")" "$work/cbuild/c_consumer"

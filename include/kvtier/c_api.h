@@ -1,0 +1,134 @@
+/* kvtier's C API: the seam for engines written in C, Rust, Go or anything with a C FFI.
+ *
+ * libkvtier.so exports only the kvtier_* symbols below; no C++ type crosses this boundary.
+ * Handles are opaque. Every function that can fail returns a kvtier_code; on failure the
+ * calling thread's last error (kvtier_last_error()) holds kvtier's message, which names the
+ * file, key or peer at fault.
+ *
+ * Ownership: each handle is created by one function and freed by exactly one other, named in
+ * its comment. Pointers passed in are borrowed for the duration of the call only. A lookup
+ * must be freed before the cache that made it.
+ *
+ * Thread-safety: a kvtier_cache may be used from many threads at once; a kvtier_lookup by one
+ * thread at a time. kvtier_last_error() is per thread.
+ *
+ * Codes say what the caller does next, as in kvtier's C++ Status (status.h): NOT_FOUND is a
+ * miss, UNAVAILABLE is retryable, CORRUPTION means the block was dropped: recompute it. */
+#ifndef KVTIER_C_API_H_
+#define KVTIER_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVTIER_C_EXPORT __attribute__((visibility("default")))
+#else
+#define KVTIER_C_EXPORT
+#endif
+
+/* The C API's own version: bumped on any incompatible change (the SONAME follows it). */
+#define KVTIER_C_API_VERSION 1
+
+typedef enum kvtier_code {
+  KVTIER_OK = 0,
+  KVTIER_NOT_FOUND = 1,
+  KVTIER_INVALID_ARGUMENT = 2,
+  KVTIER_UNAVAILABLE = 3,
+  KVTIER_RESOURCE_EXHAUSTED = 4,
+  KVTIER_CORRUPTION = 5,
+  KVTIER_INTERNAL = 6,
+} kvtier_code;
+
+typedef struct kvtier_cache kvtier_cache;   /* a cache: in-process or a daemon's client */
+typedef struct kvtier_lookup kvtier_lookup; /* a lookup's result; pins its hit blocks */
+
+/* Per request; NULL or zeroed fields mean the cache's defaults. */
+typedef struct kvtier_request {
+  const char* tenant;  /* NULL = the cache's default tenant */
+  const char* lora_id; /* NULL = the cache's default LoRA */
+  uint64_t session_id; /* 0 = none */
+} kvtier_request;
+
+typedef struct kvtier_store_result {
+  uint32_t stored_blocks;  /* newly written to at least one tier */
+  uint32_t present_blocks; /* already resident */
+  uint32_t failed_blocks;
+} kvtier_store_result;
+
+typedef struct kvtier_stats {
+  uint64_t lookups;
+  uint64_t lookup_blocks;
+  uint64_t hit_blocks;
+  uint64_t loads;
+  uint64_t load_failed_blocks; /* became recompute */
+  uint64_t stores;
+  uint64_t stored_blocks;
+} kvtier_stats;
+
+/* "0.1.0": the library's version. Static storage; never freed. */
+KVTIER_C_EXPORT const char* kvtier_version(void);
+/* KVTIER_C_API_VERSION of the library actually loaded. */
+KVTIER_C_EXPORT int kvtier_api_version(void);
+/* "InvalidArgument", ... Static storage. */
+KVTIER_C_EXPORT const char* kvtier_code_name(kvtier_code code);
+
+/* The message of the calling thread's last failed call ("" when none). Valid until that
+ * thread's next kvtier_* call; owned by the library. */
+KVTIER_C_EXPORT const char* kvtier_last_error(void);
+
+/* Opens an in-process cache from YAML configuration text (doc/config.md); `source` names the
+ * text in errors (e.g. a file name; NULL = "<config>"). On success *out is a new cache, freed
+ * with kvtier_cache_close(); on failure *out is NULL. */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_open_yaml(const char* yaml_text, const char* source,
+                                                   kvtier_cache** out);
+/* Same, reading the YAML from a file. */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out);
+
+/* Frees a cache and its tiers (after every lookup it made was freed). NULL is a no-op. */
+KVTIER_C_EXPORT void kvtier_cache_close(kvtier_cache* cache);
+
+/* Bytes of one block (every buffer passed to load and store has exactly this size) and
+ * tokens per block. */
+KVTIER_C_EXPORT uint64_t kvtier_cache_block_bytes(const kvtier_cache* cache);
+KVTIER_C_EXPORT uint32_t kvtier_cache_block_tokens(const kvtier_cache* cache);
+
+/* Finds the longest cached prefix of tokens[0..num_tokens) and pins it. request may be NULL.
+ * On success *out is a new lookup, freed with kvtier_lookup_free() (which unpins). */
+KVTIER_C_EXPORT kvtier_code kvtier_lookup_tokens(kvtier_cache* cache, const uint32_t* tokens,
+                                                 size_t num_tokens, const kvtier_request* request,
+                                                 kvtier_lookup** out);
+/* Unpins and frees. NULL is a no-op. */
+KVTIER_C_EXPORT void kvtier_lookup_free(kvtier_lookup* lookup);
+/* Full blocks of the request, and how many leading ones can be loaded. */
+KVTIER_C_EXPORT uint32_t kvtier_lookup_num_blocks(const kvtier_lookup* lookup);
+KVTIER_C_EXPORT uint32_t kvtier_lookup_hit_blocks(const kvtier_lookup* lookup);
+
+/* Copies the lookup's first num_blocks hit blocks into dst[0..num_blocks), each a buffer of
+ * kvtier_cache_block_bytes() bytes. *loaded_blocks is how many leading blocks were delivered:
+ * recompute from there on (a failed block is a recompute, not an error). INVALID_ARGUMENT when
+ * num_blocks > hit blocks or a pointer is NULL. */
+KVTIER_C_EXPORT kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup,
+                                        void* const* dst, size_t num_blocks,
+                                        uint32_t* loaded_blocks);
+
+/* Stores blocks[i] (kvtier_cache_block_bytes() bytes each) as full block first_block + i of
+ * tokens[0..num_tokens). request and result may be NULL. INVALID_ARGUMENT when there are more
+ * blocks than full blocks in tokens. */
+KVTIER_C_EXPORT kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens,
+                                         size_t num_tokens, const void* const* blocks,
+                                         size_t num_blocks, uint32_t first_block,
+                                         const kvtier_request* request,
+                                         kvtier_store_result* result);
+
+/* The cache's counters. */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_C_API_H_ */

@@ -1,0 +1,233 @@
+// The C API over KvCache (c_api.h). Nothing here may throw across the boundary: every entry
+// point catches what the C++ side could throw (std::bad_alloc above all) and reports it.
+#include "kvtier/c_api.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "kvtier/config.h"
+#include "kvtier/kv_cache.h"
+
+struct kvtier_cache {
+  std::unique_ptr<kvtier::KvCache> impl;
+};
+
+struct kvtier_lookup {
+  kvtier::LookupResult result;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+kvtier_code CodeOf(kvtier::StatusCode code) {
+  switch (code) {
+    case kvtier::StatusCode::kOk:
+      return KVTIER_OK;
+    case kvtier::StatusCode::kNotFound:
+      return KVTIER_NOT_FOUND;
+    case kvtier::StatusCode::kInvalidArgument:
+      return KVTIER_INVALID_ARGUMENT;
+    case kvtier::StatusCode::kUnavailable:
+      return KVTIER_UNAVAILABLE;
+    case kvtier::StatusCode::kResourceExhausted:
+      return KVTIER_RESOURCE_EXHAUSTED;
+    case kvtier::StatusCode::kCorruption:
+      return KVTIER_CORRUPTION;
+    case kvtier::StatusCode::kInternal:
+      return KVTIER_INTERNAL;
+  }
+  return KVTIER_INTERNAL;
+}
+
+kvtier_code Fail(kvtier_code code, std::string message) {
+  last_error = std::move(message);
+  return code;
+}
+
+kvtier_code Report(const kvtier::Status& status) {
+  if (status.ok()) return KVTIER_OK;
+  return Fail(CodeOf(status.code()), status.message());
+}
+
+// Runs fn, turning an escaping exception into a code: C callers cannot catch.
+template <typename Fn>
+kvtier_code Guard(const char* what, Fn&& fn) {
+  last_error.clear();
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return Fail(KVTIER_RESOURCE_EXHAUSTED, std::string(what) + ": out of memory");
+  } catch (const std::exception& e) {
+    return Fail(KVTIER_INTERNAL, std::string(what) + ": " + e.what());
+  } catch (...) {
+    return Fail(KVTIER_INTERNAL, std::string(what) + ": unknown exception");
+  }
+}
+
+kvtier::RequestOptions ToRequest(const kvtier_request* r) {
+  kvtier::RequestOptions o;
+  if (r == nullptr) return o;
+  if (r->tenant != nullptr) o.tenant = r->tenant;
+  if (r->lora_id != nullptr) o.lora_id = r->lora_id;
+  o.session_id = r->session_id;
+  return o;
+}
+
+kvtier_code OpenFrom(kvtier::Result<kvtier::CacheOptions> options, kvtier_cache** out) {
+  if (!options.ok()) return Report(options.status());
+  auto cache = kvtier::Cache::Open(std::move(options).value());
+  if (!cache.ok()) return Report(cache.status());
+  *out = new kvtier_cache{std::move(cache).value()};
+  return KVTIER_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvtier_version(void) { return KVTIER_VERSION; }
+
+int kvtier_api_version(void) { return KVTIER_C_API_VERSION; }
+
+const char* kvtier_code_name(kvtier_code code) {
+  switch (code) {
+    case KVTIER_OK:
+      return "OK";
+    case KVTIER_NOT_FOUND:
+      return "NotFound";
+    case KVTIER_INVALID_ARGUMENT:
+      return "InvalidArgument";
+    case KVTIER_UNAVAILABLE:
+      return "Unavailable";
+    case KVTIER_RESOURCE_EXHAUSTED:
+      return "ResourceExhausted";
+    case KVTIER_CORRUPTION:
+      return "Corruption";
+    case KVTIER_INTERNAL:
+      return "Internal";
+  }
+  return "Unknown";
+}
+
+const char* kvtier_last_error(void) { return last_error.c_str(); }
+
+kvtier_code kvtier_cache_open_yaml(const char* yaml_text, const char* source, kvtier_cache** out) {
+  return Guard("kvtier_cache_open_yaml", [&] {
+    if (out == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_yaml: out is NULL");
+    *out = nullptr;
+    if (yaml_text == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_yaml: yaml_text is NULL");
+    return OpenFrom(kvtier::ParseCacheOptionsYaml(yaml_text, source ? source : "<config>"), out);
+  });
+}
+
+kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out) {
+  return Guard("kvtier_cache_open_file", [&] {
+    if (out == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_file: out is NULL");
+    *out = nullptr;
+    if (path == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_file: path is NULL");
+    return OpenFrom(kvtier::LoadCacheOptionsFile(path), out);
+  });
+}
+
+void kvtier_cache_close(kvtier_cache* cache) { delete cache; }
+
+uint64_t kvtier_cache_block_bytes(const kvtier_cache* cache) {
+  return cache ? cache->impl->layout().bytes_per_block() : 0;
+}
+
+uint32_t kvtier_cache_block_tokens(const kvtier_cache* cache) {
+  return cache ? cache->impl->layout().block_tokens : 0;
+}
+
+kvtier_code kvtier_lookup_tokens(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                                 const kvtier_request* request, kvtier_lookup** out) {
+  return Guard("kvtier_lookup_tokens", [&] {
+    if (out == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_lookup_tokens: out is NULL");
+    *out = nullptr;
+    if (cache == nullptr || (tokens == nullptr && num_tokens > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_lookup_tokens: cache or tokens is NULL");
+    auto r = cache->impl->Lookup(std::span<const uint32_t>(tokens, num_tokens), ToRequest(request));
+    if (!r.ok()) return Report(r.status());
+    *out = new kvtier_lookup{std::move(r).value()};
+    return KVTIER_OK;
+  });
+}
+
+void kvtier_lookup_free(kvtier_lookup* lookup) { delete lookup; }
+
+uint32_t kvtier_lookup_num_blocks(const kvtier_lookup* lookup) {
+  return lookup ? static_cast<uint32_t>(lookup->result.keys.size()) : 0;
+}
+
+uint32_t kvtier_lookup_hit_blocks(const kvtier_lookup* lookup) {
+  return lookup ? lookup->result.hit_blocks : 0;
+}
+
+kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup, void* const* dst,
+                        size_t num_blocks, uint32_t* loaded_blocks) {
+  return Guard("kvtier_load", [&] {
+    if (loaded_blocks != nullptr) *loaded_blocks = 0;
+    if (cache == nullptr || lookup == nullptr || (dst == nullptr && num_blocks > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load: cache, lookup or dst is NULL");
+    const size_t bytes = cache->impl->layout().bytes_per_block();
+    std::vector<kvtier::MutableBlock> spans(num_blocks);
+    for (size_t i = 0; i < num_blocks; ++i) {
+      if (dst[i] == nullptr)
+        return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load: dst[" + std::to_string(i) + "] is NULL");
+      spans[i] = {static_cast<std::byte*>(dst[i]), bytes};
+    }
+    auto r = cache->impl->Load(lookup->result, spans);
+    if (!r.ok()) return Report(r.status());
+    if (loaded_blocks != nullptr) *loaded_blocks = r->loaded_blocks;
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                         const void* const* blocks, size_t num_blocks, uint32_t first_block,
+                         const kvtier_request* request, kvtier_store_result* result) {
+  return Guard("kvtier_store", [&] {
+    if (result != nullptr) *result = kvtier_store_result{};
+    if (cache == nullptr || (tokens == nullptr && num_tokens > 0) ||
+        (blocks == nullptr && num_blocks > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store: cache, tokens or blocks is NULL");
+    const size_t bytes = cache->impl->layout().bytes_per_block();
+    std::vector<kvtier::ConstBlock> spans(num_blocks);
+    for (size_t i = 0; i < num_blocks; ++i) {
+      if (blocks[i] == nullptr)
+        return Fail(KVTIER_INVALID_ARGUMENT,
+                    "kvtier_store: blocks[" + std::to_string(i) + "] is NULL");
+      spans[i] = {static_cast<const std::byte*>(blocks[i]), bytes};
+    }
+    auto r = cache->impl->Store(std::span<const uint32_t>(tokens, num_tokens), spans, first_block,
+                                ToRequest(request));
+    if (!r.ok()) return Report(r.status());
+    if (result != nullptr) {
+      result->stored_blocks = r->stored_blocks;
+      result->present_blocks = r->present_blocks;
+      result->failed_blocks = r->failed_blocks;
+    }
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out) {
+  return Guard("kvtier_cache_stats", [&] {
+    if (cache == nullptr || out == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_stats: cache or out is NULL");
+    kvtier::CacheStats s = cache->impl->stats();
+    *out = kvtier_stats{s.lookups, s.lookup_blocks, s.hit_blocks, s.loads, s.load_failed_blocks,
+                        s.stores,  s.stored_blocks};
+    return KVTIER_OK;
+  });
+}
+
+}  // extern "C"

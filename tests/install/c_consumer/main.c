@@ -1,0 +1,101 @@
+/* A C11 engine embedding the installed libkvtier.so through the C API alone. Exits non-zero,
+ * naming the check, on the first thing that is wrong. */
+#include <kvtier/c_api.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(cond)                                                                  \
+  do {                                                                               \
+    if (!(cond)) {                                                                   \
+      fprintf(stderr, "c_consumer: line %d: %s (last error: %s)\n", __LINE__, #cond, \
+              kvtier_last_error());                                                  \
+      return 1;                                                                      \
+    }                                                                                \
+  } while (0)
+
+static const char* kConfig =
+    "model_id: c-consumer\n"
+    "layout: {num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16, block_tokens: 16}\n"
+    "tiers:\n"
+    "  - {kind: host, capacity: 1MiB}\n";
+
+int main(void) {
+  CHECK(kvtier_api_version() == KVTIER_C_API_VERSION);
+  CHECK(strlen(kvtier_version()) > 0);
+
+  /* A bad configuration is a code and a message naming the key; no handle comes back. */
+  kvtier_cache* bad = (kvtier_cache*)1;
+  kvtier_code code = kvtier_cache_open_yaml(
+      "layout: {preset: llama-3.1-8b}\ntiers: [{kind: host, capacity: 8XB}]\n", "bad.yaml", &bad);
+  CHECK(code == KVTIER_INVALID_ARGUMENT);
+  CHECK(bad == NULL);
+  CHECK(strstr(kvtier_last_error(), "bad.yaml:2") != NULL);
+  CHECK(strstr(kvtier_last_error(), "tiers[0].capacity") != NULL);
+  CHECK(strcmp(kvtier_code_name(code), "InvalidArgument") == 0);
+
+  kvtier_cache* cache = NULL;
+  CHECK(kvtier_cache_open_yaml(kConfig, "c_consumer", &cache) == KVTIER_OK);
+  const uint64_t bb = kvtier_cache_block_bytes(cache);
+  const uint32_t bt = kvtier_cache_block_tokens(cache);
+  CHECK(bb == 2u * 2 * 2 * 16 * 16 * 2); /* layers x K,V x heads x head_dim x tokens x fp16 */
+  CHECK(bt == 16);
+
+  enum { kBlocks = 4 };
+  uint32_t tokens[kBlocks * 16 + 5]; /* a partial last block is never stored */
+  for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; ++i) tokens[i] = (uint32_t)(i * 7 + 1);
+  unsigned char* src = malloc(kBlocks * bb);
+  unsigned char* dst = calloc(kBlocks, bb);
+  CHECK(src != NULL && dst != NULL);
+  const void* in[kBlocks];
+  void* out[kBlocks];
+  for (int b = 0; b < kBlocks; ++b) {
+    for (uint64_t i = 0; i < bb; ++i) src[b * bb + i] = (unsigned char)(b * 31 + i);
+    in[b] = src + b * bb;
+    out[b] = dst + b * bb;
+  }
+
+  /* Cold: nothing hits. */
+  kvtier_lookup* lk = NULL;
+  CHECK(kvtier_lookup_tokens(cache, tokens, sizeof tokens / sizeof tokens[0], NULL, &lk) ==
+        KVTIER_OK);
+  CHECK(kvtier_lookup_num_blocks(lk) == kBlocks);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 0);
+  kvtier_lookup_free(lk);
+
+  /* Too many blocks for the tokens is refused. */
+  kvtier_store_result sr;
+  CHECK(kvtier_store(cache, tokens, 16, in, 2, 0, NULL, &sr) == KVTIER_INVALID_ARGUMENT);
+
+  CHECK(kvtier_store(cache, tokens, sizeof tokens / sizeof tokens[0], in, kBlocks, 0, NULL, &sr) ==
+        KVTIER_OK);
+  CHECK(sr.stored_blocks == kBlocks && sr.failed_blocks == 0);
+
+  CHECK(kvtier_lookup_tokens(cache, tokens, sizeof tokens / sizeof tokens[0], NULL, &lk) ==
+        KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == kBlocks);
+  uint32_t loaded = 0;
+  CHECK(kvtier_load(cache, lk, out, kBlocks + 1, &loaded) == KVTIER_INVALID_ARGUMENT);
+  CHECK(kvtier_load(cache, lk, out, kBlocks, &loaded) == KVTIER_OK);
+  CHECK(loaded == kBlocks);
+  CHECK(memcmp(src, dst, kBlocks * bb) == 0);
+  kvtier_lookup_free(lk);
+
+  /* Another tenant never sees these blocks. */
+  kvtier_request other = {"tenant-b", NULL, 0};
+  CHECK(kvtier_lookup_tokens(cache, tokens, sizeof tokens / sizeof tokens[0], &other, &lk) ==
+        KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 0);
+  kvtier_lookup_free(lk);
+
+  kvtier_stats st;
+  CHECK(kvtier_cache_stats(cache, &st) == KVTIER_OK);
+  CHECK(st.lookups == 3 && st.stored_blocks == kBlocks && st.hit_blocks == kBlocks);
+
+  kvtier_cache_close(cache);
+  free(src);
+  free(dst);
+  printf("c_consumer: stored and loaded %d blocks through libkvtier.so's C API\n", kBlocks);
+  return 0;
+}
