@@ -4,6 +4,12 @@
 
 namespace kvtier::sim {
 
+uint32_t DefaultTp(const GpuProfile& gpu, const ModelProfile& model) {
+  uint32_t tp = 1;
+  while (model.weight_bytes() > 0.6 * tp * gpu.hbm_gb * 1e9 && tp < 64) tp *= 2;
+  return tp;
+}
+
 Result<CostProfile> MakeCostProfile(const GpuProfile& gpu, const ModelProfile& model,
                                     const CostModelOptions& o) {
   KVTIER_RETURN_IF_ERROR(gpu.Validate());

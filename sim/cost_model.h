@@ -36,6 +36,10 @@ struct CostModelOptions {
   double remote_gbps = 25, remote_latency_s = 200e-6;
 };
 
+// GPUs per replica when none is given: the fewest (a power of two, <= 64) whose HBM holds the
+// weights in 60% of it.
+uint32_t DefaultTp(const GpuProfile& gpu, const ModelProfile& model);
+
 // The planner profile for `model` on `gpu`, tiers named "host", "disk", "remote" (those
 // enabled, in that order). InvalidArgument for a bad profile, dtype or option.
 Result<CostProfile> MakeCostProfile(const GpuProfile& gpu, const ModelProfile& model,

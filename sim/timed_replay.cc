@@ -176,10 +176,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   res.replicas = o.replicas;
   const double hbm_bytes = gpu.hbm_gb * 1e9;
   uint32_t tp = o.tp;
-  if (tp == 0) {
-    tp = 1;
-    while (model.weight_bytes() > 0.6 * tp * hbm_bytes && tp < 64) tp *= 2;
-  }
+  if (tp == 0) tp = DefaultTp(gpu, model);
   res.tp = tp;
   CostModelOptions cm;
   cm.tp = tp;
