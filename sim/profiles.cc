@@ -61,6 +61,24 @@ Result<nlohmann::json> ParseObject(std::string_view json, std::string_view sourc
   return j;
 }
 
+// "sources": an object of field name -> text.
+Status Sources(const nlohmann::json& j, std::string_view source,
+               std::map<std::string, std::string>* out) {
+  auto it = j.find("sources");
+  if (it == j.end()) return Status::Ok();
+  if (!it->is_object()) {
+    return Status::InvalidArgument(std::string(source) + ": 'sources' must be an object");
+  }
+  for (auto kv = it->begin(); kv != it->end(); ++kv) {
+    if (!kv.value().is_string()) {
+      return Status::InvalidArgument(std::string(source) + ": 'sources." + kv.key() +
+                                     "' must be a string");
+    }
+    (*out)[kv.key()] = kv.value().get<std::string>();
+  }
+  return Status::Ok();
+}
+
 Status Number(const nlohmann::json& j, const char* key, std::string_view source, bool required,
               double* out) {
   auto it = j.find(key);
@@ -111,6 +129,8 @@ Status GpuProfile::Validate() const {
   if (!(hbm_efficiency > 0 && hbm_efficiency <= 1)) return bad("hbm_efficiency must be in (0, 1]");
   if (!(host_link_gbps > 0)) return bad("host_link_gbps must be > 0");
   if (!(host_link_latency_us >= 0)) return bad("host_link_latency_us must be >= 0");
+  if (!(attention_mfu >= 0 && attention_mfu <= 1)) return bad("attention_mfu must be in [0, 1]");
+  if (!(load_fixed_ms >= 0)) return bad("load_fixed_ms must be >= 0");
   return Status::Ok();
 }
 
@@ -125,7 +145,26 @@ Status ModelProfile::Validate() const {
   if (!(weight_bytes_per_param > 0)) return bad("weight_bytes_per_param must be > 0");
   if (layers == 0 || q_heads == 0 || head_dim == 0) return bad("layers, q_heads, head_dim > 0");
   if (kv_bytes_per_token == 0) return bad("kv_bytes_per_token must be > 0");
+  if (KvDtypeBytes(kv_dtype) == 0) return bad("kv_dtype must be bf16, fp16 or fp8");
+  if (!(spec_acceptance_length >= 1)) return bad("spec_acceptance_length must be >= 1");
   return Status::Ok();
+}
+
+double KvDtypeBytes(std::string_view dtype) {
+  if (dtype == "bf16" || dtype == "fp16") return 2;
+  if (dtype == "fp8") return 1;
+  return 0;
+}
+
+uint64_t ModelProfile::KvBytesPerToken(std::string_view dtype) const {
+  if (dtype.empty()) return kv_bytes_per_token;
+  const double to = KvDtypeBytes(dtype), from = KvDtypeBytes(kv_dtype);
+  if (to == 0 || from == 0) return 0;
+  return static_cast<uint64_t>(std::llround(static_cast<double>(kv_bytes_per_token) * to / from));
+}
+
+double ModelProfile::AttentionFlopsPerPair() const {
+  return 2.0 * layers * q_heads * (head_dim + (v_head_dim ? v_head_dim : head_dim));
 }
 
 double ModelProfile::PrefillFlops(uint64_t from, uint64_t to) const {
@@ -134,7 +173,7 @@ double ModelProfile::PrefillFlops(uint64_t from, uint64_t to) const {
   const double weights = 2.0 * active_params_b * 1e9 * n;
   // Sum over positions p in [from, to) of p = (to - 1 + from) * n / 2.
   const double positions = (static_cast<double>(to) - 1 + static_cast<double>(from)) * n / 2;
-  const double attn = 4.0 * layers * q_heads * head_dim * positions;
+  const double attn = AttentionFlopsPerPair() * positions;
   return weights + attn;
 }
 
@@ -149,6 +188,9 @@ Result<GpuProfile> ParseGpuProfile(std::string_view json, std::string_view sourc
   KVTIER_RETURN_IF_ERROR(Number(j, "hbm_efficiency", source, false, &g.hbm_efficiency));
   KVTIER_RETURN_IF_ERROR(Number(j, "host_link_gbps", source, false, &g.host_link_gbps));
   KVTIER_RETURN_IF_ERROR(Number(j, "host_link_latency_us", source, false, &g.host_link_latency_us));
+  KVTIER_RETURN_IF_ERROR(Number(j, "attention_mfu", source, false, &g.attention_mfu));
+  KVTIER_RETURN_IF_ERROR(Number(j, "load_fixed_ms", source, false, &g.load_fixed_ms));
+  KVTIER_RETURN_IF_ERROR(Sources(j, source, &g.sources));
   if (j.contains("note") && j["note"].is_string()) g.note = j["note"].get<std::string>();
   if (Status s = g.Validate(); !s.ok()) return s.WithContext(source);
   return g;
@@ -158,7 +200,7 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
   KVTIER_ASSIGN_OR_RETURN(nlohmann::json j, ParseObject(json, source));
   ModelProfile m;
   m.name = j.value("name", std::string(source));
-  double layers = 0, q = 0, kv = 0, hd = 0, kvb = 0;
+  double layers = 0, q = 0, kv = 0, hd = 0, kvb = 0, vhd = 0, topk = 0;
   KVTIER_RETURN_IF_ERROR(Number(j, "params_b", source, true, &m.params_b));
   m.active_params_b = m.params_b;
   KVTIER_RETURN_IF_ERROR(Number(j, "active_params_b", source, false, &m.active_params_b));
@@ -169,7 +211,11 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
   KVTIER_RETURN_IF_ERROR(Number(j, "kv_heads", source, false, &kv));
   KVTIER_RETURN_IF_ERROR(Number(j, "head_dim", source, true, &hd));
   KVTIER_RETURN_IF_ERROR(Number(j, "kv_bytes_per_token", source, true, &kvb));
-  for (double v : {layers, q, kv, hd, kvb}) {
+  KVTIER_RETURN_IF_ERROR(Number(j, "v_head_dim", source, false, &vhd));
+  KVTIER_RETURN_IF_ERROR(Number(j, "attention_topk", source, false, &topk));
+  KVTIER_RETURN_IF_ERROR(
+      Number(j, "spec_acceptance_length", source, false, &m.spec_acceptance_length));
+  for (double v : {layers, q, kv, hd, kvb, vhd, topk}) {
     if (!(v >= 0) || v != std::floor(v) || v > 1e12) {
       return Status::InvalidArgument(std::string(source) +
                                      ": layer/head/dim/kv counts must be non-negative integers");
@@ -180,7 +226,16 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
   m.kv_heads = static_cast<uint32_t>(kv);
   m.head_dim = static_cast<uint32_t>(hd);
   m.kv_bytes_per_token = static_cast<uint64_t>(kvb);
+  m.v_head_dim = static_cast<uint32_t>(vhd);
+  m.attention_topk = static_cast<uint32_t>(topk);
   m.attention = j.value("attention", std::string("gqa"));
+  if (auto it = j.find("kv_dtype"); it != j.end()) {
+    if (!it->is_string()) {
+      return Status::InvalidArgument(std::string(source) + ": 'kv_dtype' must be a string");
+    }
+    m.kv_dtype = it->get<std::string>();
+  }
+  KVTIER_RETURN_IF_ERROR(Sources(j, source, &m.sources));
   if (j.contains("note") && j["note"].is_string()) m.note = j["note"].get<std::string>();
   if (Status s = m.Validate(); !s.ok()) return s.WithContext(source);
   return m;

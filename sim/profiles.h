@@ -8,6 +8,7 @@
 #define KVTIER_SIM_PROFILES_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,11 +22,14 @@ struct GpuProfile {
   double hbm_gb = 0;                 // HBM capacity, GB (1e9 bytes)
   double hbm_tbps = 0;               // HBM bandwidth, TB/s
   double bf16_tflops = 0;            // dense bf16 peak, TFLOP/s
-  double mfu = 0.5;                  // achieved fraction of peak in prefill
+  double mfu = 0.5;                  // achieved fraction of peak in prefill's dense layers
+  double attention_mfu = 0;          // the same for attention FLOPs; 0 = mfu
   double hbm_efficiency = 0.8;       // achieved fraction of HBM bandwidth in decode
   double host_link_gbps = 50;        // achieved GPU<->host bandwidth, GB/s, one way
-  double host_link_latency_us = 10;  // per transfer (coalesced blocks)
+  double host_link_latency_us = 10;  // per transfer operation (one batch of blocks per tier)
+  double load_fixed_ms = 0;          // per request that loads anything (the connector's cost)
   std::string note;                  // where the figures come from
+  std::map<std::string, std::string> sources;  // field -> where its value comes from
 
   Status Validate() const;
 };
@@ -38,17 +42,30 @@ struct ModelProfile {
   uint32_t layers = 0;
   uint32_t q_heads = 0;
   uint32_t kv_heads = 0;
-  uint32_t head_dim = 0;            // attention head dim (for the attention FLOPs)
-  uint64_t kv_bytes_per_token = 0;  // KV across all layers
-  std::string attention;            // "gqa", "mha", "mla"
+  uint32_t head_dim = 0;              // attention head dim (for the attention FLOPs)
+  uint32_t v_head_dim = 0;            // value head dim; 0 = head_dim (MLA models differ)
+  uint64_t kv_bytes_per_token = 0;    // KV across all layers, at kv_dtype
+  std::string kv_dtype = "bf16";      // element type kv_bytes_per_token is stated in
+  std::string attention;              // "gqa", "mha", "mla", "csa" (compressed sparse)
+  uint32_t attention_topk = 0;        // > 0: a query attends to at most this many tokens
+  double spec_acceptance_length = 1;  // mean tokens per decode step (speculative decoding)
   std::string note;
+  std::map<std::string, std::string> sources;  // field -> where its value comes from
 
   Status Validate() const;
   double weight_bytes() const { return params_b * 1e9 * weight_bytes_per_param; }
+  // KV bytes per token stored as `dtype` ("bf16", "fp16", "fp8"; empty = kv_dtype), or 0 for an
+  // unknown dtype.
+  uint64_t KvBytesPerToken(std::string_view dtype = {}) const;
+  // Attention FLOPs per (query, key) pair: 2 x layers x q_heads x (head_dim + v_head_dim).
+  double AttentionFlopsPerPair() const;
   // FLOPs to prefill tokens [from, to) of a prompt: 2 x active params per token plus attention
-  // 4 x layers x q_heads x head_dim x position.
+  // FLOPs per pair x position (uncapped).
   double PrefillFlops(uint64_t from, uint64_t to) const;
 };
+
+// Bytes per KV element of a dtype name ("bf16", "fp16": 2; "fp8": 1), or 0 if unknown.
+double KvDtypeBytes(std::string_view dtype);
 
 // The folder of built-in profiles (the source tree's sim/profiles, or KVTIER_PROFILES_DIR).
 std::string BuiltinProfilesDir();

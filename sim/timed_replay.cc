@@ -9,6 +9,7 @@
 
 #include "sim/cache_compare.h"
 #include "sim/cache_replay.h"
+#include "sim/cost_model.h"
 #include "sim/flat_lru.h"
 
 namespace kvtier::sim {
@@ -175,12 +176,33 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   res.replicas = o.replicas;
   const double hbm_bytes = gpu.hbm_gb * 1e9;
   uint32_t tp = o.tp;
-  if (tp == 0) {
-    tp = 1;
-    while (model.weight_bytes() > 0.6 * tp * hbm_bytes && tp < 64) tp *= 2;
-  }
+  if (tp == 0) tp = DefaultTp(gpu, model);
   res.tp = tp;
-  res.block_bytes = model.kv_bytes_per_token * block_tokens;
+  CostModelOptions cm;
+  cm.tp = tp;
+  cm.block_tokens = block_tokens;
+  cm.mfu = o.mfu;
+  cm.kv_dtype = o.kv_dtype;
+  cm.host = o.host.enabled;
+  cm.host_gbps = o.host.bandwidth_gbps > 0 ? o.host.bandwidth_gbps * tp : 0;
+  cm.host_latency_s = o.host.latency_s > 0 ? o.host.latency_s : -1;
+  cm.disk = o.disk.enabled;
+  cm.disk_gbps = o.disk.bandwidth_gbps;
+  cm.disk_latency_s = o.disk.latency_s;
+  cm.remote = o.remote.enabled;
+  cm.remote_gbps = o.remote.bandwidth_gbps;
+  cm.remote_latency_s = o.remote.latency_s;
+  KVTIER_ASSIGN_OR_RETURN(CostProfile cost, MakeCostProfile(gpu, model, cm));
+  // The one cost model: the library's planner prices every load and prefill below.
+  const Planner planner(std::move(cost));
+  const CostProfile& cp = planner.profile();
+  const PrefillCost& pc = cp.prefill;
+  // Planner tier index of each source code (1 host, 2 disk, 3 remote); -1 when disabled.
+  const int tier_of[4] = {-1, cp.FindTier("host"), cp.FindTier("disk"), cp.FindTier("remote")};
+  const uint64_t kv_per_token = model.KvBytesPerToken(o.kv_dtype);
+  const double accept =
+      o.spec_acceptance_length > 0 ? o.spec_acceptance_length : model.spec_acceptance_length;
+  res.block_bytes = cp.block_bytes;
   const double kv_bytes = o.hbm_kv_bytes > 0
                               ? static_cast<double>(o.hbm_kv_bytes)
                               : o.hbm_kv_fraction * tp * hbm_bytes - model.weight_bytes();
@@ -195,13 +217,10 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       o.host_pool_multiple > 0    ? static_cast<uint64_t>(o.host_pool_multiple * res.hbm_kv_bytes)
       : o.host.capacity_bytes > 0 ? o.host.capacity_bytes
                                   : std::min<uint64_t>(4 * res.hbm_kv_bytes, 3'000'000'000'000ull);
-  const double peak_flops = gpu.bf16_tflops * 1e12 * (o.mfu > 0 ? o.mfu : gpu.mfu) * tp;
   const double hbm_bw = gpu.hbm_tbps * 1e12 * gpu.hbm_efficiency * tp;
+  // The host link's raw bandwidth: what SSD and remote loads also cross on their way to HBM.
   const double link_bw =
-      (o.host.bandwidth_gbps > 0 ? o.host.bandwidth_gbps : gpu.host_link_gbps) * 1e9 * tp;
-  const double link_lat = o.host.latency_s > 0 ? o.host.latency_s : gpu.host_link_latency_us * 1e-6;
-  const double disk_bw = std::min(o.disk.bandwidth_gbps * 1e9, link_bw);
-  const double remote_bw = std::min(o.remote.bandwidth_gbps * 1e9, link_bw);
+      (o.host.bandwidth_gbps > 0 ? o.host.bandwidth_gbps * tp : gpu.host_link_gbps * tp) * 1e9;
   const double bb = static_cast<double>(res.block_bytes);
 
   auto make_policy = [&](uint64_t blocks) -> Result<std::unique_ptr<EvictionPolicy>> {
@@ -311,7 +330,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       rep.host->Put(k, h, &evicted2);
     }
     if (stored) {
-      rep.link.Use(now, link_lat + stored * bb / link_bw);
+      rep.link.Use(now, planner.LoadSeconds(tier_of[1], stored));
       traffic[1].store_bytes += stored * res.block_bytes;
     }
     if (!rep.disk || evicted2.empty()) return;
@@ -322,7 +341,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       rep.disk->Put(k, h, &evicted3);
     }
     if (to_disk) {
-      rep.disk_io.Use(now, o.disk.latency_s + to_disk * bb / (o.disk.bandwidth_gbps * 1e9));
+      rep.disk_io.Use(now, planner.LoadSeconds(tier_of[2], to_disk));
       traffic[2].store_bytes += to_disk * res.block_bytes;
     }
   };
@@ -331,11 +350,12 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   auto start_decode = [&](Replica& rep, uint32_t slot) {
     InFlight& f = slots[slot];
     rep.decoding_tokens += f.context_tokens;
-    const double step = (model.weight_bytes() +
-                         static_cast<double>(rep.decoding_tokens) * model.kv_bytes_per_token) /
-                        hbm_bw;
-    tpot.push_back(step);
-    push(now + step * std::max<uint32_t>(1, f.output_tokens), EvType::kDecodeDone, slot);
+    const double step =
+        (model.weight_bytes() + static_cast<double>(rep.decoding_tokens) * kv_per_token) / hbm_bw;
+    // Speculative decoding: `accept` tokens per step on average.
+    const double per_token = step / accept;
+    tpot.push_back(per_token);
+    push(now + per_token * std::max<uint32_t>(1, f.output_tokens), EvType::kDecodeDone, slot);
   };
 
   while (!events.empty()) {
@@ -393,53 +413,40 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         if (s == 0) break;
         src.push_back(s);
       }
-      auto load_seconds = [&](size_t count) {
-        double secs = 0;
-        for (size_t i = 0; i < count;) {
-          size_t j = i;
-          while (j < count && src[j] == src[i]) ++j;
-          const double bytes = static_cast<double>(j - i) * bb;
-          if (src[i] == 1) secs += link_lat + bytes / link_bw;
-          if (src[i] == 2) secs += o.disk.latency_s + bytes / disk_bw + link_lat;
-          if (src[i] == 3) secs += o.remote.latency_s + bytes / remote_bw + link_lat;
-          i = j;
-        }
-        return secs;
-      };
       const uint64_t prompt = q.prompt_tokens;
-      auto prefill_seconds = [&](uint64_t cached_tokens) {
-        const uint64_t from = std::min<uint64_t>(cached_tokens, prompt > 0 ? prompt - 1 : 0);
-        return model.PrefillFlops(from, std::max<uint64_t>(prompt, from + 1)) / peak_flops;
-      };
-      // Planner: how many loadable blocks to load (cut points where the source tier changes).
-      size_t load = src.size();
-      if (o.planner) {
-        double best = prefill_seconds(hbm_prefix * block_tokens);
-        load = 0;
-        for (size_t k = 1; k <= src.size(); ++k) {
-          if (k < src.size() && src[k] == src[k - 1]) continue;
-          const double c = load_seconds(k) + prefill_seconds((hbm_prefix + k) * block_tokens);
-          if (c < best) {
-            best = c;
-            load = k;
-          }
-        }
+      // The planner decides: recompute the first r loadable blocks, load the next ones.
+      PlanRequest pr;
+      pr.prompt_tokens = static_cast<uint32_t>(std::min<uint64_t>(prompt, UINT32_MAX));
+      pr.resident_blocks = static_cast<uint32_t>(hbm_prefix);
+      for (uint8_t code : src) pr.block_tier.push_back(tier_of[code]);
+      Plan plan = planner.Choose(pr);
+      if (!o.planner && plan.choice != PlanChoice::kLoad) {
+        // Always load: the whole run the planner could have loaded.
+        const uint32_t loadable = plan.recompute_blocks + plan.load_blocks;
+        plan.recompute_blocks = 0;
+        plan.load_blocks = loadable;
       }
-      // Loads queue on the link (and the disk / NIC before it).
+      const size_t head = plan.recompute_blocks, load = plan.load_blocks;
+      // Loads: one batch per tier (the planner's pricing), queued on the device (SSD, NIC)
+      // and the host link; a request waits for its last batch and the connector's fixed cost.
       double load_done = now;
       if (load > 0) {
-        for (size_t i = 0; i < load;) {
-          size_t j = i;
-          while (j < load && src[j] == src[i]) ++j;
-          const uint64_t blocks = j - i;
-          const double bytes = static_cast<double>(blocks) * bb;
-          double ready = now;
-          if (src[i] == 2) ready = rep.disk_io.Use(now, o.disk.latency_s + bytes / disk_bw);
-          if (src[i] == 3) ready = rep.nic.Use(now, o.remote.latency_s + bytes / remote_bw);
-          load_done = std::max(load_done, rep.link.Use(ready, link_lat + bytes / link_bw));
-          traffic[src[i]].load_bytes += blocks * res.block_bytes;
-          i = j;
+        uint64_t count[4] = {0, 0, 0, 0};
+        for (size_t i = head; i < head + load; ++i) ++count[src[i]];
+        for (int code = 1; code <= 3; ++code) {
+          if (count[code] == 0) continue;
+          const double secs = planner.LoadSeconds(tier_of[code], count[code]);
+          double done = 0;
+          if (code == 1) {
+            done = rep.link.Use(now, secs);
+          } else {
+            const double dev = (code == 2 ? rep.disk_io : rep.nic).Use(now, secs);
+            done = std::max(dev, rep.link.Use(now, count[code] * bb / link_bw));
+          }
+          load_done = std::max(load_done, done);
+          traffic[code].load_bytes += count[code] * res.block_bytes;
         }
+        load_done += cp.load_fixed_s;
       }
       // Token accounting.
       auto tokens_of = [&](size_t from_block, size_t to_block) -> uint64_t {
@@ -448,22 +455,35 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         return b - a;
       };
       res.hbm_tokens += tokens_of(0, hbm_prefix);
-      for (size_t i = 0; i < load; ++i) {
+      uint64_t loaded = 0;
+      for (size_t i = head; i < head + load; ++i) {
         const uint64_t t = tokens_of(hbm_prefix + i, hbm_prefix + i + 1);
+        loaded += t;
         if (src[i] == 1) res.host_tokens += t;
         if (src[i] == 2) res.disk_tokens += t;
         if (src[i] == 3) res.remote_tokens += t;
       }
-      res.loadable_recomputed += tokens_of(hbm_prefix + load, hbm_prefix + src.size());
-      res.recomputed += prompt - tokens_of(0, hbm_prefix + load);
+      res.loadable_recomputed += tokens_of(hbm_prefix, hbm_prefix + src.size()) - loaded;
+      res.recomputed += prompt - tokens_of(0, hbm_prefix) - loaded;
       res.prompt_tokens += prompt;
       res.output_tokens += q.output_tokens;
       ++res.requests;
       // The HBM prefix is in use now: it becomes most recent (touched last to first).
       for (size_t i = hbm_prefix; i-- > 0;)
         rep.hbm->Touch(keys[i], AccessHint{run.sim_id, static_cast<uint32_t>(i), now});
+      // Compute: the recomputed head, then everything after the loaded run (at least one token:
+      // the logits of the last one), priced by the planner's prefill model.
+      const double ctx0 =
+          static_cast<double>(std::min<uint64_t>(hbm_prefix * block_tokens, prompt));
+      const double end =
+          std::min<double>(static_cast<double>((hbm_prefix + head + load) * block_tokens),
+                           static_cast<double>(prompt));
+      const double tail = std::max(1.0, static_cast<double>(prompt) - end);
+      const double compute_s = pc.fixed_s +
+                               pc.Compute(static_cast<double>(head * block_tokens), ctx0) +
+                               pc.Compute(tail, std::min(end, prompt - tail));
       const double start = std::max(load_done, rep.gpu_free);
-      const double done = start + prefill_seconds((hbm_prefix + load) * block_tokens);
+      const double done = start + compute_s;
       rep.gpu_free = done;
       uint32_t slot;
       if (!free_slots.empty()) {
@@ -516,7 +536,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         }
       }
       if (new_remote) {
-        rep.nic.Use(now, o.remote.latency_s + new_remote * bb / remote_bw);
+        rep.nic.Use(now, planner.LoadSeconds(tier_of[3], new_remote));
         traffic[3].store_bytes += new_remote * res.block_bytes;
       }
       demote(rep, evicted, run.sim_id);

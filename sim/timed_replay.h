@@ -6,13 +6,17 @@
 // time after the session's previous request finished; a sub-agent starts at its recorded offset
 // after its parent started. Each replica (tp GPUs) has an HBM tier and optionally host DRAM and
 // SSD tiers; a remote tier is shared by all replicas. Tiers hold block sizes only (no bytes), each
-// with its own eviction policy. The cost model:
-//   prefill  = FLOPs(new tokens over their context) / (peak FLOP/s x mfu), one prefill at a time
-//   decode   = per token (weights + KV of the running batch) / (HBM bandwidth x efficiency)
-//   load     = tier latency + bytes / tier bandwidth, queued on the shared host link
+// with its own eviction policy. The cost model is the library's Planner with the profile
+// MakeCostProfile (sim/cost_model.h) derives from the GPU and model profiles:
+//   prefill  = the planner's prefill model (dense FLOPs and attention pairs over achieved peak),
+//              one prefill at a time per replica
+//   load     = the planner's load model: a fixed cost per loading request, plus per tier used
+//              latency + bytes / bandwidth, queued on the host link (and the SSD / NIC first)
+//   decode   = per step (weights + KV of the running batch) / (HBM bandwidth x efficiency),
+//              divided by the speculative acceptance length per token
 //   store    = HBM evictions written back to host, host evictions to SSD, every new block written
-//              through to remote; stores queue on the same link as loads
-// and per request the planner loads the cached run that pays (load time < its recompute time).
+//              through to remote, priced like loads, on the same devices and link
+// and per request the planner chooses what to load and what to recompute (Planner::Choose).
 //
 // Thread-safety: reentrant (one run per call).
 #ifndef KVTIER_SIM_TIMED_REPLAY_H_
@@ -48,9 +52,11 @@ struct TimedOptions {
   TierSpec host;  // bandwidth 0 = the GPU host link; capacity 0 = 4x HBM KV (<= 3 TB)
   double host_pool_multiple = 0;  // > 0: host capacity = this x the HBM KV capacity
   TierSpec disk;
-  TierSpec remote;      // shared by every replica
-  bool planner = true;  // false: always load what is cached (no recompute choice)
-  double mfu = 0;       // 0 = the GPU profile's
+  TierSpec remote;       // shared by every replica
+  bool planner = true;   // false: always load what is cached (no recompute choice)
+  double mfu = 0;        // 0 = the GPU profile's
+  std::string kv_dtype;  // KV element type ("bf16", "fp8"); empty = the model profile's
+  double spec_acceptance_length = 0;  // tokens per decode step; 0 = the model profile's
   uint32_t occupancy_samples = 64;
   bool record_requests = false;  // fill TimedResult::log
 

@@ -3,8 +3,9 @@
 // For a request of N prompt tokens whose first `resident_blocks` are already in the engine's
 // pool and whose next blocks are cached in tiers, the planner prices
 //   load(bytes, tier)      = latency_s + bytes / bytes_per_s          (one batch per tier)
-//   prefill(t, context)    = per_token_s * t + per_token_context_s * (t * context + t^2 / 2)
-// (plus fixed_s once per request) and picks, among "recompute the first r cached blocks and
+//   prefill(t, context)    = per_token_s * t + per_token_context_s * (key tokens attended)
+// (plus prefill.fixed_s once per request, and load_fixed_s once when anything is loaded: the
+// connector's per-request cost) and picks, among "recompute the first r cached blocks and
 // load the rest" for every r, the cheapest: r = 0 is kLoad, r = all is kRecompute, anything in
 // between is kSplit (recompute the head, load the tail). The model is serial: loads and compute
 // are priced as if they did not overlap, which is how the reference engine runs them. At
@@ -38,10 +39,24 @@ struct PrefillCost {
   double fixed_s = 0;              // per request (hashing, lookup, output head, ...)
   double per_token_s = 0;          // dense layers, per prompt token computed
   double per_token_context_s = 0;  // attention, per (query token x key token) pair
+  // > 0: a query attends to at most this many key tokens (sparse / top-k attention such as
+  // DeepSeek's DSA); 0 = every earlier token.
+  double context_cap_tokens = 0;
 
+  // Key tokens attended by queries at positions [context, context + tokens): the sum over those
+  // positions p of min(p, cap) (continuous form: p runs over the interval). Additive over
+  // adjacent intervals, so a split prefill costs what the whole one does.
+  double Pairs(double tokens, double context) const {
+    auto upto = [&](double x) {  // integral of min(p, cap) dp over [0, x]
+      if (context_cap_tokens <= 0 || x <= context_cap_tokens) return x * x / 2;
+      return context_cap_tokens * context_cap_tokens / 2 +
+             (x - context_cap_tokens) * context_cap_tokens;
+    };
+    return upto(context + tokens) - upto(context);
+  }
   // Seconds to compute `tokens` new tokens after `context` tokens of KV (fixed_s excluded).
   double Compute(double tokens, double context) const {
-    return per_token_s * tokens + per_token_context_s * (tokens * context + tokens * tokens / 2);
+    return per_token_s * tokens + per_token_context_s * Pairs(tokens, context);
   }
 };
 
@@ -52,6 +67,7 @@ struct CostProfile {
   uint32_t block_tokens = 64;
   uint64_t block_bytes = 0;  // bytes of one KV block of `model`
   PrefillCost prefill;
+  double load_fixed_s = 0;  // once per request that loads anything (connector setup, sync)
   std::vector<TierCost> tiers;
 
   // OK, or InvalidArgument naming the field ("tiers[0].bytes_per_s: must be > 0").
@@ -106,7 +122,8 @@ class Planner {
   // The cheapest plan. A request with no loadable blocks (or an unknown tier index in
   // block_tier, which then ends the run there) is kRecompute with load_blocks = 0.
   Plan Choose(const PlanRequest& request) const;
-  // load(bytes, tier) for `blocks` blocks of tier `tier`; 0 for no blocks.
+  // load(bytes, tier) for `blocks` blocks of tier `tier`; 0 for no blocks. Excludes
+  // load_fixed_s, which a request pays once whatever it loads.
   double LoadSeconds(int tier, uint64_t blocks) const;
 
  private:

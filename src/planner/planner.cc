@@ -76,7 +76,7 @@ Plan Planner::Choose(const PlanRequest& req) const {
     uint32_t best_r = run;
     for (uint32_t r = run; r-- > 0;) {
       ++count[req.block_tier[r]];
-      double load = 0;
+      double load = profile_.load_fixed_s;
       for (size_t t = 0; t < count.size(); ++t) load += LoadSeconds(static_cast<int>(t), count[t]);
       const double cost = pc.Compute(r * bt, ctx0) + load + tail;
       if (r == 0) plan.load_all_s = cost;

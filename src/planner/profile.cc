@@ -46,6 +46,12 @@ Status CostProfile::Validate() const {
   if (!NonNegative(prefill.fixed_s)) {
     return Status::InvalidArgument("profile: prefill.fixed_s: must be >= 0");
   }
+  if (!NonNegative(load_fixed_s)) {
+    return Status::InvalidArgument("profile: load_fixed_s: must be >= 0");
+  }
+  if (!NonNegative(prefill.context_cap_tokens)) {
+    return Status::InvalidArgument("profile: prefill.context_cap_tokens: must be >= 0");
+  }
   if (!NonNegative(prefill.per_token_s) || !NonNegative(prefill.per_token_context_s) ||
       !(prefill.per_token_s > 0 || prefill.per_token_context_s > 0)) {
     return Status::InvalidArgument(
@@ -97,6 +103,9 @@ Result<CostProfile> ParseCostProfile(std::string_view text, std::string_view sou
   KVTIER_RETURN_IF_ERROR(GetNumber(*pre, "per_token_s", pw, &p.prefill.per_token_s));
   KVTIER_RETURN_IF_ERROR(
       GetNumber(*pre, "per_token_context_s", pw, &p.prefill.per_token_context_s));
+  KVTIER_RETURN_IF_ERROR(GetNumber(*pre, "context_cap_tokens", pw, &p.prefill.context_cap_tokens,
+                                   /*required=*/false));
+  KVTIER_RETURN_IF_ERROR(GetNumber(j, "load_fixed_s", src, &p.load_fixed_s, /*required=*/false));
   auto tiers = j.find("tiers");
   if (tiers != j.end()) {
     if (!tiers->is_array()) return Status::InvalidArgument(src + ".tiers: not an array");
@@ -127,6 +136,10 @@ std::string CostProfileToJson(const CostProfile& p) {
   j["prefill"] = {{"fixed_s", p.prefill.fixed_s},
                   {"per_token_s", p.prefill.per_token_s},
                   {"per_token_context_s", p.prefill.per_token_context_s}};
+  if (p.prefill.context_cap_tokens > 0) {
+    j["prefill"]["context_cap_tokens"] = p.prefill.context_cap_tokens;
+  }
+  j["load_fixed_s"] = p.load_fixed_s;
   j["tiers"] = json::array();
   for (const TierCost& t : p.tiers) {
     j["tiers"].push_back(

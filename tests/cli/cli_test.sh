@@ -81,6 +81,12 @@ else
   echo "skip: replay (no traces at $traces/mooncake)"
 fi
 
+expect_json "plan ttft --json" rows gpu model -- \
+  "$kvtier" plan ttft --gpu h100 --model llama-3.1-8b --tokens 1000,10000,100000 --json
+expect_json "plan crossover --json" rows definition -- "$kvtier" plan crossover --json
+expect_error "plan names an unknown profile" "unknown GPU profile 'nope'" -- \
+  "$kvtier" plan crossover --gpu nope
+
 printf '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\nnot json\n' \
   >"$work/bad.jsonl"
 expect_error "malformed trace names file:line" "bad.jsonl:2" -- \

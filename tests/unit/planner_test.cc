@@ -128,6 +128,48 @@ TEST(Planner, LatencyIsPaidOncePerTier) {
   EXPECT_NEAR(plan.load_all_s, want, 1e-12);
 }
 
+TEST(Planner, LoadFixedCostIsPaidOncePerLoadingRequestAndMovesTheCrossover) {
+  CostProfile p = Profile(100e9, 1e-4);
+  p.tiers.push_back({"disk", 2e-4, 50e9});
+  p.load_fixed_s = 0.013;
+  Planner planner(p);
+  PlanRequest req = Request(64 * 5 + 1, 4);
+  req.block_tier = {0, 0, 1, 1};
+  Plan plan = planner.Choose(req);
+  // Two tiers, one fixed cost: the request pays it once, on top of each tier's batch.
+  const double want = p.load_fixed_s + p.prefill.fixed_s + p.prefill.Compute(65, 256) +
+                      planner.LoadSeconds(0, 2) + planner.LoadSeconds(1, 2);
+  EXPECT_NEAR(plan.load_all_s, want, 1e-12);
+  // Recomputing everything does not pay it.
+  EXPECT_NEAR(plan.recompute_all_s, p.prefill.fixed_s + p.prefill.Compute(64 * 5 + 1, 0), 1e-12);
+  // Without the fixed cost a 4-block load wins; with 13 ms it does not (recompute is ~1.3 ms).
+  CostProfile free_load = p;
+  free_load.load_fixed_s = 0;
+  EXPECT_EQ(Planner(free_load).Choose(req).choice, PlanChoice::kLoad);
+  EXPECT_EQ(plan.choice, PlanChoice::kRecompute);
+}
+
+TEST(Planner, ContextCapLimitsAttentionAndStaysAdditive) {
+  PrefillCost c{0, 0, 1, 0};
+  EXPECT_DOUBLE_EQ(c.Pairs(100, 0), 100.0 * 100 / 2);
+  c.context_cap_tokens = 40;
+  // Positions 0..40 attend to p keys, the 60 after to 40 each.
+  EXPECT_DOUBLE_EQ(c.Pairs(100, 0), 40.0 * 40 / 2 + 60 * 40);
+  EXPECT_DOUBLE_EQ(c.Pairs(30, 70), 30.0 * 40);
+  for (double split : {10.0, 40.0, 77.0}) {
+    EXPECT_NEAR(c.Compute(split, 5) + c.Compute(100 - split, 5 + split), c.Compute(100, 5), 1e-9);
+  }
+  CostProfile p = Profile(7.5e9);
+  p.prefill.context_cap_tokens = 2048;
+  p.load_fixed_s = 0.01;
+  Result<CostProfile> back = ParseCostProfile(CostProfileToJson(p), "x.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_DOUBLE_EQ(back->prefill.context_cap_tokens, 2048);
+  EXPECT_DOUBLE_EQ(back->load_fixed_s, 0.01);
+  p.load_fixed_s = -1;
+  EXPECT_NE(p.Validate().message().find("load_fixed_s"), std::string::npos);
+}
+
 TEST(PlannerProfile, JsonRoundTripAndNamedErrors) {
   CostProfile p = Profile(7.5e9, 2e-5);
   p.threads = 2;
