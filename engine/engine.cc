@@ -56,26 +56,34 @@ TokenId Argmax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
-Engine::Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool)
-    : options_(std::move(options)), model_(std::move(model)), pool_(std::move(pool)) {}
+Engine::Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool,
+               std::string model_revision)
+    : options_(std::move(options)),
+      model_(std::move(model)),
+      pool_(std::move(pool)),
+      model_revision_(std::move(model_revision)) {}
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   ModelConfig config;
   std::shared_ptr<const Weights> weights;
+  std::string revision;
   if (!options.gguf.empty()) {
     KVTIER_ASSIGN_OR_RETURN(GgufModel g, LoadGguf(options.gguf));
     config = std::move(g.config);
     weights = std::make_shared<const Weights>(std::move(g.weights));
+    revision = std::move(g.revision);
   } else {
     KVTIER_ASSIGN_OR_RETURN(config, ModelPreset(options.model));
     weights = std::make_shared<const Weights>(RandomWeights(config, options.seed));
+    revision = RandomWeightsRevision(config, options.seed);
   }
   KVTIER_ASSIGN_OR_RETURN(Model model, Model::Create(config, std::move(weights)));
   KVTIER_ASSIGN_OR_RETURN(auto pool,
                           KvPool::Create(config.Layout(options.block_tokens), options.pool_blocks));
   SetBlasThreads(options.threads);
-  return std::unique_ptr<Engine>(new Engine(options, std::move(model), std::move(pool)));
+  return std::unique_ptr<Engine>(
+      new Engine(options, std::move(model), std::move(pool), std::move(revision)));
 }
 
 Result<std::unique_ptr<Engine>> Engine::CreateSharing(const Engine& other,
@@ -87,7 +95,8 @@ Result<std::unique_ptr<Engine>> Engine::CreateSharing(const Engine& other,
       auto pool,
       KvPool::Create(other.model_.config().Layout(options.block_tokens), options.pool_blocks));
   SetBlasThreads(options.threads);
-  return std::unique_ptr<Engine>(new Engine(options, std::move(model), std::move(pool)));
+  return std::unique_ptr<Engine>(
+      new Engine(options, std::move(model), std::move(pool), other.model_revision_));
 }
 
 Status Engine::AttachCache(Cache* cache) {
@@ -122,6 +131,7 @@ BlockKey Engine::Root(const RequestOptions& request) const {
   if (cache_ != nullptr) return cache_->Root(request);
   Namespace ns;
   ns.model_id = model_.config().name;
+  ns.model_revision = model_revision_;
   ns.layout_fingerprint = pool_->layout().fingerprint();
   ns.tenant = request.tenant;
   ns.lora_id = request.lora_id;

@@ -95,6 +95,9 @@ class Engine {
 
   const EngineOptions& options() const { return options_; }
   const ModelConfig& config() const { return model_.config(); }
+  // The weights fingerprint that goes into the namespace root (RandomWeightsRevision for a
+  // preset, GgufModel::revision for a file): engines with different weights never share keys.
+  const std::string& model_revision() const { return model_revision_; }
   KvLayout layout() const { return pool_->layout(); }
   KvPool& pool() { return *pool_; }
   Model& model() { return model_; }
@@ -112,12 +115,14 @@ class Engine {
   Result<TurnResult> RunTurn(std::span<const TokenId> prompt, const TurnOptions& options = {});
 
  private:
-  Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool);
+  Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool,
+         std::string model_revision);
   BlockKey Root(const RequestOptions& request) const;
 
   EngineOptions options_;
   Model model_;
   std::unique_ptr<KvPool> pool_;
+  std::string model_revision_;
   Cache* cache_ = nullptr;
   std::shared_ptr<const Planner> planner_;
   std::vector<int> planner_tier_;  // cache tier index -> planner profile tier (-1: unknown)

@@ -16,6 +16,8 @@
 #include <optional>
 #include <utility>
 
+#include "hash/xxh.h"
+
 namespace kvtier::engine {
 namespace {
 
@@ -509,6 +511,11 @@ Result<GgufModel> LoadGguf(const std::string& path) {
   KVTIER_RETURN_IF_ERROR(load("output_norm.weight", &w.final_norm, false));
   KVTIER_RETURN_IF_ERROR(load("output.weight", &w.output, true));
   if (Status st = w.CheckShapes(c); !st.ok()) return st.WithContext(path);
+  const XXH128_hash_t h = XXH3_128bits(file.data(), file.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  model.revision = std::string("gguf-xxh128:") + hex;
   return model;
 }
 

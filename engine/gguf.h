@@ -30,11 +30,15 @@ struct GgufModel {
   Weights weights;
   uint32_t version = 0;
   uint64_t tensor_count = 0;
+  // The weights fingerprint for the namespace root: "gguf-xxh128:" and 32 hex digits of an
+  // XXH3-128 over the whole file, hashed at every load (the load has just read every tensor
+  // byte, so this is one pass over bytes in memory; a sidecar cache could go stale).
+  std::string revision;
 };
 
-// Loads a Llama GGUF file. Errors name the file and the key or tensor at fault: NotFound when
-// the file cannot be opened, InvalidArgument for an unsupported architecture or tensor type,
-// Corruption for a malformed or truncated file.
+// Loads a Llama GGUF file and fingerprints it. Errors name the file and the key or tensor at fault:
+// NotFound when the file cannot be opened, InvalidArgument for an unsupported architecture or
+// tensor type, Corruption for a malformed or truncated file.
 Result<GgufModel> LoadGguf(const std::string& path);
 
 // Builds a GGUF file in memory and writes it.

@@ -21,8 +21,10 @@ struct EngineSetup {
 };
 
 // host_bytes: capacity of the embedded host tier when config_path is empty. With a config,
-// its tiers (and write mode) are used and its layout is replaced by the engine's (the engine
-// decides the shape of its KV). Errors name the file or option at fault.
+// its tiers, write mode, tenant and model_id (the preset or GGUF name when it gives none) are
+// used; its layout must be the engine's and its model_revision, when given, the engine's
+// weights fingerprint (Engine::model_revision, which always goes into the namespace):
+// InvalidArgument naming the file and key otherwise. Errors name the file or option at fault.
 Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_bytes,
                                 const std::string& config_path = "");
 

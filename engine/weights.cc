@@ -1,7 +1,11 @@
 #include "engine/weights.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <string>
+
+#include "hash/xxh.h"
 
 namespace kvtier::engine {
 namespace {
@@ -83,6 +87,30 @@ Weights RandomWeights(const ModelConfig& c, uint64_t seed) {
   w.final_norm.assign(d, 1.0f);
   FillUniform(&w.output, size_t{c.vocab_size} * d, seed, stream++, sd);
   return w;
+}
+
+std::string RandomWeightsRevision(const ModelConfig& c, uint64_t seed) {
+  // Bump the tag whenever RandomWeights draws different numbers for the same inputs.
+  std::string buf = "kvtier-random-weights-v1";
+  auto put = [&buf](uint64_t v) {
+    for (int i = 0; i < 8; ++i) buf.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    return u;
+  };
+  for (uint64_t v :
+       {seed, uint64_t{c.vocab_size}, uint64_t{c.num_layers}, uint64_t{c.d_model},
+        uint64_t{c.num_heads}, uint64_t{c.num_kv_heads}, uint64_t{c.ffn_dim},
+        uint64_t{bits(c.rope_theta)}, uint64_t{bits(c.norm_eps)}, uint64_t{c.max_positions}}) {
+    put(v);
+  }
+  const XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
+  char hex[33];
+  std::snprintf(hex, sizeof(hex), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return std::string("seeded-v1:") + hex;
 }
 
 }  // namespace kvtier::engine

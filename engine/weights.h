@@ -6,6 +6,7 @@
 #define KVTIER_ENGINE_WEIGHTS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/config.h"
@@ -39,6 +40,11 @@ struct Weights {
 // Uniform weights in +-1/sqrt(fan_in) from a counter-based generator: the same seed gives the
 // same bits on every machine.
 Weights RandomWeights(const ModelConfig& config, uint64_t seed);
+
+// The fingerprint of RandomWeights(config, seed) for the namespace root: "seeded-v1:" and 32
+// hex digits of an XXH3-128 over the generator's version, the seed and every config field that
+// shapes the weights or the KV (not the name). Different weights never share a revision.
+std::string RandomWeightsRevision(const ModelConfig& config, uint64_t seed);
 
 }  // namespace kvtier::engine
 

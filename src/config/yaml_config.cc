@@ -193,12 +193,16 @@ class Reader {
   }
 
   Result<CacheOptions> Options(const YAML::Node& root) const {
-    KVTIER_RETURN_IF_ERROR(CheckKeys(root, "",
-                                     {"model_id", "layout", "tenant", "lora_id", "write_mode",
-                                      "verify_checksums", "promote_on_load", "tiers"}));
+    KVTIER_RETURN_IF_ERROR(
+        CheckKeys(root, "",
+                  {"model_id", "model_revision", "layout", "tenant", "lora_id", "write_mode",
+                   "verify_checksums", "promote_on_load", "tiers"}));
     CacheOptions o;
     if (root["model_id"]) {
       KVTIER_ASSIGN_OR_RETURN(o.model_id, String(root["model_id"], "model_id"));
+    }
+    if (root["model_revision"]) {
+      KVTIER_ASSIGN_OR_RETURN(o.model_revision, String(root["model_revision"], "model_revision"));
     }
     if (!root["layout"]) return Error(root, "layout", "missing");
     KVTIER_ASSIGN_OR_RETURN(o.layout, Layout(root["layout"], "layout"));

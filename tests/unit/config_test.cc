@@ -12,6 +12,7 @@ namespace {
 TEST(ConfigTest, ParsesAFullConfig) {
   auto o = ParseCacheOptionsYaml(R"(
 model_id: llama-3.1-8b
+model_revision: 0e7c2a1
 layout: {preset: llama-3.1-8b, block_tokens: 16}
 tenant: team-a
 write_mode: write-back
@@ -25,6 +26,7 @@ tiers:
                                  "test.yaml");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->model_id, "llama-3.1-8b");
+  EXPECT_EQ(o->model_revision, "0e7c2a1");
   EXPECT_EQ(o->layout.block_tokens, 16u);
   EXPECT_EQ(o->layout.bytes_per_block(), 2u << 20);
   EXPECT_EQ(o->tenant, "team-a");
