@@ -112,6 +112,7 @@ class Cache final : public KvCache {
   class Impl;
 
  private:
+  friend class CacheHooks;  // src/cache/cache_hooks.h: the daemon's internal hooks
   explicit Cache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <set>
 
+#include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "kvtier/index.h"
+#include "tiers/host/host_tier.h"
 
 namespace kvtier {
 namespace {
@@ -157,6 +159,13 @@ class Cache::Impl {
                                 uint32_t first_block, const RequestOptions& request);
   void NotifySession(uint64_t session_id, SessionEvent event);
   CacheStats Stats() const;
+
+  // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
+  size_t ReserveHost(size_t n, std::vector<uint32_t>* slots);
+  void UnreserveHost(std::span<const uint32_t> slots);
+  StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                         std::span<const uint64_t> checksums, uint32_t first_block);
+  uint64_t ClearManaged();
 
   const CacheOptions options_;
   BlockKey default_root_;
@@ -669,6 +678,133 @@ CacheStats Cache::Impl::Stats() const {
   s.store_latency_ns = store_latency_.Take();
   return s;
 }
+
+size_t Cache::Impl::ReserveHost(size_t n, std::vector<uint32_t>* slots) {
+  TierState& st = *tiers_[0];
+  auto* host = static_cast<HostTier*>(st.tier.get());
+  std::vector<PendingEvent> events;
+  size_t fit = 0;
+  {
+    MutexLock lock(&st.mu);
+    fit = MakeRoom(st, n, &events);
+    st.reserved += fit;
+  }
+  EmitAll(events);
+  const size_t got = host->ReserveSlots(fit, slots);
+  if (got < fit) {  // cannot happen while the policy's size is the tier's occupancy
+    MutexLock lock(&st.mu);
+    st.reserved -= fit - got;
+  }
+  return got;
+}
+
+void Cache::Impl::UnreserveHost(std::span<const uint32_t> slots) {
+  TierState& st = *tiers_[0];
+  static_cast<HostTier*>(st.tier.get())->ReleaseSlots(slots);
+  MutexLock lock(&st.mu);
+  st.reserved -= slots.size();
+}
+
+StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                                    std::span<const uint64_t> checksums, uint32_t first_block) {
+  const uint64_t t0 = MonotonicNs();
+  TierState& st = *tiers_[0];
+  auto* host = static_cast<HostTier*>(st.tier.get());
+  StoreResult r;
+  std::vector<PendingEvent> events;
+  // Lower tiers first, from the still-reserved slots: nobody can evict or reuse a reserved
+  // slot, so the bytes written down are the bytes committed.
+  if (options_.write_mode == WriteMode::kWriteThrough && tiers_.size() > 1) {
+    std::vector<ConstBlock> blocks;
+    for (uint32_t s : slots)
+      blocks.emplace_back(host->arena() + host->SlotOffset(s), host->block_bytes());
+    const uint64_t prefix_tokens =
+        (uint64_t{first_block} + keys.size()) * options_.layout.block_tokens;
+    std::vector<Status> results(keys.size());
+    for (size_t t = 1; t < tiers_.size(); ++t) {
+      uint32_t stored = 0;
+      StoreToTier(*tiers_[t], keys, blocks, checksums, prefix_tokens, results, &stored, &events);
+    }
+  }
+  std::unique_ptr<bool[]> published(new bool[keys.size()]);
+  host->PublishSlots(keys, slots, std::span<bool>(published.get(), keys.size()));
+  {
+    MutexLock lock(&st.mu);
+    st.reserved -= keys.size();
+    for (size_t j = keys.size(); j-- > 0;) {
+      AccessHint hint;
+      hint.position = first_block + j;
+      st.policy->OnInsert(keys[j], hint);
+      if (!published[j]) {
+        ++r.present_blocks;
+        continue;
+      }
+      index_.AddTier(keys[j], st.index, checksums[j]);
+      events.push_back({KvEvent::Type::kStored, keys[j], st.index});
+      ++r.stored_blocks;
+    }
+  }
+  EmitAll(events);
+  stores_.fetch_add(1, std::memory_order_relaxed);
+  stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);
+  store_latency_.Record(MonotonicNs() - t0);
+  return r;
+}
+
+uint64_t Cache::Impl::ClearManaged() {
+  uint64_t dropped = 0;
+  auto evictable = [this](const BlockKey& k) { return !index_.IsPinned(k); };
+  for (auto& stp : tiers_) {
+    TierState& st = *stp;
+    if (!st.caps.managed_by_cache) continue;
+    std::vector<PendingEvent> events;
+    {
+      MutexLock lock(&st.mu);
+      size_t skipped = 0;
+      while (skipped < 64) {
+        std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
+        if (!victim) break;
+        if (!index_.TryRemoveUnpinned(*victim, st.index)) {
+          st.policy->OnInsert(*victim, AccessHint{});
+          ++skipped;
+          continue;
+        }
+        const BlockKey k[1] = {*victim};
+        (void)st.tier->Erase(k);
+        ++dropped;
+        events.push_back({KvEvent::Type::kRemoved, *victim, st.index});
+      }
+    }
+    EmitAll(events);
+  }
+  return dropped;
+}
+
+bool CacheHooks::HasSharedHost(const Cache& cache) {
+  if (cache.impl_->tiers_.empty()) return false;
+  auto* host = dynamic_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
+  return host != nullptr && host->arena_fd() >= 0 && cache.impl_->tiers_[0]->caps.managed_by_cache;
+}
+
+HostTier& CacheHooks::SharedHost(Cache& cache) {
+  return *static_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
+}
+
+size_t CacheHooks::Reserve(Cache& cache, size_t n, std::vector<uint32_t>* slots) {
+  return cache.impl_->ReserveHost(n, slots);
+}
+
+void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {
+  cache.impl_->UnreserveHost(slots);
+}
+
+StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
+                               std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
+                               uint32_t first_block) {
+  return cache.impl_->CommitHost(keys, slots, checksums, first_block);
+}
+
+uint64_t CacheHooks::ClearManaged(Cache& cache) { return cache.impl_->ClearManaged(); }
 
 // --- Cache: thin forwarding and argument checks ---
 

@@ -193,10 +193,11 @@ class Reader {
   }
 
   Result<CacheOptions> Options(const YAML::Node& root) const {
+    // "serve" holds the daemon's keys, read by src/serve/serve_config.cc.
     KVTIER_RETURN_IF_ERROR(
         CheckKeys(root, "",
                   {"model_id", "model_revision", "layout", "tenant", "lora_id", "write_mode",
-                   "verify_checksums", "promote_on_load", "tiers"}));
+                   "verify_checksums", "promote_on_load", "tiers", "serve"}));
     CacheOptions o;
     if (root["model_id"]) {
       KVTIER_ASSIGN_OR_RETURN(o.model_id, String(root["model_id"], "model_id"));

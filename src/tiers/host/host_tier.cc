@@ -49,13 +49,32 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
   const uint64_t slots = options.capacity_bytes / layout.bytes_per_block();
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   const size_t bytes = (slots * layout.bytes_per_block() + page - 1) / page * page;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED)
-    return Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) + ": " +
-                                     std::strerror(errno));
+  int fd = -1;
+  if (options.shared) {
+    fd = static_cast<int>(memfd_create(("kvtier-" + options.name).c_str(), MFD_CLOEXEC));
+    if (fd < 0)
+      return Status::ResourceExhausted(options.name + ": memfd_create: " + std::strerror(errno));
+    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      Status s = Status::ResourceExhausted(options.name + ": cannot size the memfd to " +
+                                           FormatBytes(bytes) + ": " + std::strerror(errno));
+      close(fd);
+      return s;
+    }
+  }
+  void* p = options.shared
+                ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
+                : mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    Status s = Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) +
+                                         ": " + std::strerror(errno));
+    if (fd >= 0) close(fd);
+    return s;
+  }
   std::unique_ptr<HostTier> tier(
       new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots));
+  tier->arena_fd_ = fd;
+  tier->shared_ = options.shared;
   if (options.prefault) tier->Prefault(options.huge_pages);
 #ifdef KVTIER_HAVE_CUDA
   if (options.pin) {
@@ -94,6 +113,7 @@ HostTier::~HostTier() {
   if (pinned_) cudaHostUnregister(arena_);
 #endif
   munmap(arena_, arena_bytes_);
+  if (arena_fd_ >= 0) close(arena_fd_);
 }
 
 void HostTier::Prefault(bool huge_pages) {
@@ -144,7 +164,9 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
   for (size_t i = 0; i < keys.size(); ++i) {
     if (sc.slots[i] == kNoSlot) continue;
     auto [slot, inserted] = map_.Insert(keys[i], sc.slots[i]);
-    if (!inserted) {  // overwrite: the new copy replaces the old slot
+    if (!inserted && shared_) {  // others may be reading the old slot: it stays
+      free_.push_back(sc.slots[i]);
+    } else if (!inserted) {  // overwrite: the new copy replaces the old slot
       free_.push_back(*slot);
       *slot = sc.slots[i];
     }
@@ -188,6 +210,39 @@ Status HostTier::EraseImpl(std::span<const BlockKey> keys) {
     map_.Erase(k);
   }
   return Status::Ok();
+}
+
+void HostTier::Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) const {
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t* slot = map_.Find(keys[i]);
+    out[i] = slot ? SlotOffset(*slot) : kNoOffset;
+  }
+}
+
+size_t HostTier::ReserveSlots(size_t n, std::vector<uint32_t>* out) {
+  WriterLock lock(&mu_);
+  size_t got = 0;
+  for (; got < n && !free_.empty(); ++got) {
+    out->push_back(free_.back());
+    free_.pop_back();
+  }
+  return got;
+}
+
+void HostTier::ReleaseSlots(std::span<const uint32_t> slots) {
+  WriterLock lock(&mu_);
+  for (uint32_t s : slots) free_.push_back(s);
+}
+
+void HostTier::PublishSlots(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                            std::span<bool> published) {
+  WriterLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto [slot, inserted] = map_.Insert(keys[i], slots[i]);
+    published[i] = inserted;
+    if (!inserted) free_.push_back(slots[i]);
+  }
 }
 
 uint64_t HostTier::UsedBytesImpl() const {

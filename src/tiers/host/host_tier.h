@@ -11,6 +11,12 @@
 // Thread-safety: all methods are thread-safe. Get copies under a shared lock, so an Erase or an
 // overwrite waits for copies of that tier in flight; Put copies into a fresh unpublished slot
 // outside the lock and publishes it under the exclusive lock.
+//
+// Shared arena (options.shared, for `kvtier serve`): the arena is a memfd that other processes
+// map and copy blocks in and out of by slot offset. A resident block's slot then never moves
+// while it is resident (a second Put of a key keeps the first copy: a block's bytes are a
+// function of its key), and a writer outside the process fills a slot taken with ReserveSlots
+// that becomes visible only with PublishSlots.
 #ifndef KVTIER_SRC_TIERS_HOST_HOST_TIER_H_
 #define KVTIER_SRC_TIERS_HOST_HOST_TIER_H_
 
@@ -32,6 +38,7 @@ struct HostTierOptions {
   bool prefault = true;
   bool huge_pages = true;  // MADV_HUGEPAGE on the arena
   bool pin = true;         // cudaHostRegister when built with CUDA
+  bool shared = false;     // arena on a memfd that other processes map (see above)
   Status Validate(const KvLayout& layout) const;
 };
 
@@ -43,6 +50,24 @@ class HostTier final : public Tier {
   uint64_t slots() const { return num_slots_; }
   bool pinned() const { return pinned_; }
   double prefault_seconds() const { return prefault_s_; }
+
+  // Shared arena only (else -1 / nothing): the memfd (owned by the tier) and its size.
+  int arena_fd() const { return arena_fd_; }
+  size_t arena_bytes() const { return arena_bytes_; }
+  std::byte* arena() const { return arena_; }
+  static constexpr uint64_t kNoOffset = UINT64_MAX;
+  // out[i] = byte offset of keys[i]'s slot in the arena, or kNoOffset when not resident.
+  void Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) const;
+  // Takes up to n free slots for writers outside the tier; returns how many (appended to *out).
+  // The caller's room accounting (the Cache's policy) must already allow them.
+  size_t ReserveSlots(size_t n, std::vector<uint32_t>* out);
+  // Returns reserved slots unpublished.
+  void ReleaseSlots(std::span<const uint32_t> slots);
+  // Makes reserved slot[i] resident as keys[i]. published[i] = false when the key was already
+  // resident (the slot went back to the free list and the old copy stays).
+  void PublishSlots(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                    std::span<bool> published);
+  uint64_t SlotOffset(uint32_t slot) const { return uint64_t{slot} * block_bytes(); }
 
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
@@ -62,6 +87,8 @@ class HostTier final : public Tier {
 
   std::byte* const arena_;
   const size_t arena_bytes_;
+  int arena_fd_ = -1;
+  bool shared_ = false;
   const uint64_t num_slots_;
   bool pinned_ = false;
   double prefault_s_ = 0;

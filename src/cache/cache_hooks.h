@@ -1,0 +1,46 @@
+// CacheHooks: what `kvtier serve` needs of a Cache beyond the KvCache calls, when its first
+// tier is a shared-arena HostTier (HostTierOptions::shared): slots that a client process fills
+// itself and that become visible only when committed. Internal; not part of the public API.
+//
+// Thread-safety: as Cache. A reservation is owned by whoever took it and must end in exactly
+// one Unreserve or Commit.
+#ifndef KVTIER_SRC_CACHE_CACHE_HOOKS_H_
+#define KVTIER_SRC_CACHE_CACHE_HOOKS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvtier/cache.h"
+
+namespace kvtier {
+
+class HostTier;
+
+class CacheHooks {
+ public:
+  // True when tier 0 is a cache-managed HostTier on a memfd.
+  static bool HasSharedHost(const Cache& cache);
+  static HostTier& SharedHost(Cache& cache);
+
+  // Takes up to n slots of tier 0, evicting unpinned blocks by its policy to make room.
+  // Returns how many (appended to *slots); they count as occupied until Unreserve or Commit.
+  static size_t Reserve(Cache& cache, size_t n, std::vector<uint32_t>* slots);
+  static void Unreserve(Cache& cache, std::span<const uint32_t> slots);
+
+  // Makes the reserved slots[i] resident as keys[i] (positions first_block.. of a chain) with
+  // checksums[i]: written through to the lower tiers first (write-through mode), then
+  // published in tier 0, its policy and the index, with events. A key already resident in
+  // tier 0 keeps its copy (present_blocks); its slot is freed.
+  static StoreResult Commit(Cache& cache, std::span<const BlockKey> keys,
+                            std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
+                            uint32_t first_block);
+
+  // Drops every unpinned block of the cache-managed tiers (host, device, metadata), with
+  // removal events. Returns how many blocks.
+  static uint64_t ClearManaged(Cache& cache);
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_SRC_CACHE_CACHE_HOOKS_H_

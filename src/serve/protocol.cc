@@ -1,0 +1,453 @@
+#include "serve/protocol.h"
+
+namespace kvtier::serve {
+
+std::string_view MsgTypeName(uint16_t type) {
+  switch (static_cast<MsgType>(type & ~kReplyBit)) {
+    case MsgType::kHello:
+      return "hello";
+    case MsgType::kLookup:
+      return "lookup";
+    case MsgType::kLoad:
+      return "load";
+    case MsgType::kRelease:
+      return "release";
+    case MsgType::kReserve:
+      return "reserve";
+    case MsgType::kCommit:
+      return "commit";
+    case MsgType::kSession:
+      return "session";
+    case MsgType::kStats:
+      return "stats";
+    case MsgType::kPing:
+      return "ping";
+    case MsgType::kFlush:
+      return "flush";
+    case MsgType::kDropTenant:
+      return "drop-tenant";
+  }
+  return "unknown";
+}
+
+void EncodeHeader(const FrameHeader& h, std::byte out[kHeaderBytes]) {
+  Writer w;
+  w.U32(kMagic);
+  w.U32(h.payload_bytes);
+  w.U16(h.type);
+  w.U16(h.flags);
+  w.U32(h.request_id);
+  std::memcpy(out, w.buffer().data(), kHeaderBytes);
+}
+
+Status DecodeHeader(std::span<const std::byte> in, FrameHeader* h) {
+  Reader r(in);
+  uint32_t magic = 0;
+  if (!r.U32(&magic) || !r.U32(&h->payload_bytes) || !r.U16(&h->type) || !r.U16(&h->flags) ||
+      !r.U32(&h->request_id))
+    return Status::InvalidArgument("truncated frame header");
+  if (magic != kMagic)
+    return Status::InvalidArgument("bad frame magic " + std::to_string(magic) + " (want " +
+                                   std::to_string(kMagic) + ", \"KVTS\")");
+  if (h->payload_bytes > kMaxPayload)
+    return Status::InvalidArgument("frame payload of " + std::to_string(h->payload_bytes) +
+                                   " bytes exceeds the limit of " + std::to_string(kMaxPayload));
+  return Status::Ok();
+}
+
+void Writer::Begin(uint16_t type, uint16_t flags, uint32_t request_id) {
+  buf_.clear();
+  buf_.resize(kHeaderBytes);
+  h_ = FrameHeader{0, type, flags, request_id};
+}
+
+std::span<const std::byte> Writer::Finish() {
+  h_.payload_bytes = static_cast<uint32_t>(buf_.size() - kHeaderBytes);
+  EncodeHeader(h_, buf_.data());
+  return buf_;
+}
+
+bool Reader::Str(std::string* s, size_t max) {
+  uint32_t n = 0;
+  if (!U32(&n)) return false;
+  if (n > max || n > left()) return ok_ = false;
+  s->assign(reinterpret_cast<const char*>(in_.data() + at_), n);
+  at_ += n;
+  return true;
+}
+
+bool Reader::Count(uint32_t* n, size_t item_bytes) {
+  if (!U32(n)) return false;
+  if (uint64_t{*n} * item_bytes > left()) return ok_ = false;
+  return true;
+}
+
+bool Reader::StatusField(Status* s) {
+  uint8_t code = 0;
+  std::string msg;
+  if (!U8(&code) || !Str(&msg, 1 << 16)) return false;
+  if (code > static_cast<uint8_t>(StatusCode::kInternal)) return ok_ = false;
+  *s = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), std::move(msg));
+  return true;
+}
+
+Status Reader::Done(std::string_view what) const {
+  if (!ok_) return Status::InvalidArgument(std::string(what) + ": truncated or malformed payload");
+  if (left() != 0)
+    return Status::InvalidArgument(std::string(what) + ": " + std::to_string(left()) +
+                                   " trailing bytes");
+  return Status::Ok();
+}
+
+namespace {
+
+void EncodeLayout(const KvLayout& l, Writer* w) {
+  w->U32(l.num_layers);
+  w->U32(l.num_kv_heads);
+  w->U32(l.head_dim);
+  w->U8(static_cast<uint8_t>(l.dtype));
+  w->U32(l.block_tokens);
+  w->U8(static_cast<uint8_t>(l.attention));
+}
+
+bool DecodeLayout(Reader* r, KvLayout* l) {
+  uint8_t dtype = 0, att = 0;
+  if (!r->U32(&l->num_layers) || !r->U32(&l->num_kv_heads) || !r->U32(&l->head_dim) ||
+      !r->U8(&dtype) || !r->U32(&l->block_tokens) || !r->U8(&att))
+    return false;
+  if (dtype > static_cast<uint8_t>(DType::kFp32) || att > static_cast<uint8_t>(AttentionKind::kMla))
+    return false;
+  l->dtype = static_cast<DType>(dtype);
+  l->attention = static_cast<AttentionKind>(att);
+  return true;
+}
+
+void EncodeScope(const Scope& s, Writer* w) {
+  w->Str(s.tenant);
+  w->Str(s.lora_id);
+}
+bool DecodeScope(Reader* r, Scope* s) { return r->Str(&s->tenant) && r->Str(&s->lora_id); }
+
+bool DecodeKeys(Reader* r, std::vector<BlockKey>* keys) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 16)) return false;
+  keys->resize(n);
+  for (auto& k : *keys) r->Key(&k);
+  return r->ok();
+}
+
+void EncodeKeys(std::span<const BlockKey> keys, Writer* w) {
+  w->U32(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) w->Key(k);
+}
+
+bool DecodeU64s(Reader* r, std::vector<uint64_t>* v) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 8)) return false;
+  v->resize(n);
+  return r->Raw(v->data(), n * 8ull);
+}
+
+void EncodeU64s(std::span<const uint64_t> v, Writer* w) {
+  w->U32(static_cast<uint32_t>(v.size()));
+  w->Raw(v.data(), v.size() * 8);
+}
+
+bool DecodeBytes(Reader* r, std::vector<uint8_t>* v) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 1)) return false;
+  v->resize(n);
+  return r->Raw(v->data(), n);
+}
+
+void EncodeBytes(std::span<const uint8_t> v, Writer* w) {
+  w->U32(static_cast<uint32_t>(v.size()));
+  w->Raw(v.data(), v.size());
+}
+
+}  // namespace
+
+void EncodeHello(const Hello& m, Writer* w) {
+  w->U32(m.version);
+  EncodeLayout(m.layout, w);
+  w->Str(m.model_id);
+  w->Str(m.model_revision);
+  w->Str(m.tenant);
+  w->Str(m.lora_id);
+  w->Str(m.token);
+}
+
+Status DecodeHello(std::span<const std::byte> in, Hello* m) {
+  Reader r(in);
+  // The version first and alone: a peer of another version may lay out the rest differently.
+  if (!r.U32(&m->version)) return Status::InvalidArgument("hello: truncated");
+  if (m->version != kProtocolVersion) return Status::Ok();
+  DecodeLayout(&r, &m->layout);
+  r.Str(&m->model_id);
+  r.Str(&m->model_revision);
+  r.Str(&m->tenant);
+  r.Str(&m->lora_id);
+  r.Str(&m->token);
+  return r.Done("hello");
+}
+
+void EncodeHelloReply(const HelloReply& m, Writer* w) {
+  w->U32(m.version);
+  w->U64(m.arena_bytes);
+  w->U64(m.block_bytes);
+  w->U32(m.lease_ms);
+  w->Key(m.root);
+  w->Str(m.tenant);
+}
+
+Status DecodeHelloReply(Reader* r, HelloReply* m) {
+  r->U32(&m->version);
+  r->U64(&m->arena_bytes);
+  r->U64(&m->block_bytes);
+  r->U32(&m->lease_ms);
+  r->Key(&m->root);
+  r->Str(&m->tenant);
+  return r->Done("hello reply");
+}
+
+void EncodeLookup(const LookupReq& m, Writer* w) {
+  EncodeScope(m.scope, w);
+  w->U64(m.session_id);
+  w->U8(m.tokens ? 1 : 0);
+  if (m.tokens) {
+    w->U32(static_cast<uint32_t>(m.token_ids.size()));
+    w->Raw(m.token_ids.data(), m.token_ids.size() * 4);
+  } else {
+    EncodeKeys(m.keys, w);
+  }
+}
+
+Status DecodeLookup(std::span<const std::byte> in, LookupReq* m) {
+  Reader r(in);
+  uint8_t tokens = 0;
+  DecodeScope(&r, &m->scope);
+  r.U64(&m->session_id);
+  r.U8(&tokens);
+  if (tokens > 1)
+    return Status::InvalidArgument("lookup: bad chain kind " + std::to_string(tokens));
+  m->tokens = tokens == 1;
+  if (m->tokens) {
+    uint32_t n = 0;
+    if (r.Count(&n, 4)) {
+      m->token_ids.resize(n);
+      r.Raw(m->token_ids.data(), n * 4ull);
+    }
+  } else {
+    DecodeKeys(&r, &m->keys);
+  }
+  return r.Done("lookup");
+}
+
+void EncodeLookupReply(const LookupReply& m, Writer* w) {
+  w->U64(m.lease_id);
+  w->U32(m.total_blocks);
+  w->U32(static_cast<uint32_t>(m.source.size()));
+  w->Raw(m.source.data(), m.source.size());
+  w->Raw(m.offsets.data(), m.offsets.size() * 8);
+}
+
+Status DecodeLookupReply(Reader* r, LookupReply* m) {
+  uint32_t n = 0;
+  r->U64(&m->lease_id);
+  r->U32(&m->total_blocks);
+  if (r->Count(&n, 9)) {
+    m->source.resize(n);
+    m->offsets.resize(n);
+    r->Raw(m->source.data(), n);
+    r->Raw(m->offsets.data(), n * 8ull);
+  }
+  if (r->ok() && n > m->total_blocks)
+    return Status::InvalidArgument("lookup reply: more hits than blocks");
+  return r->Done("lookup reply");
+}
+
+void EncodeLoad(const LoadReq& m, Writer* w) {
+  w->U64(m.lease_id);
+  w->U32(m.blocks);
+}
+
+Status DecodeLoad(std::span<const std::byte> in, LoadReq* m) {
+  Reader r(in);
+  r.U64(&m->lease_id);
+  r.U32(&m->blocks);
+  return r.Done("load");
+}
+
+void EncodeLoadReply(const LoadReply& m, Writer* w) { EncodeU64s(m.offsets, w); }
+
+Status DecodeLoadReply(Reader* r, LoadReply* m) {
+  DecodeU64s(r, &m->offsets);
+  return r->Done("load reply");
+}
+
+void EncodeReserve(const ReserveReq& m, Writer* w) {
+  EncodeScope(m.scope, w);
+  w->U32(m.first_block);
+  EncodeKeys(m.keys, w);
+}
+
+Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m) {
+  Reader r(in);
+  DecodeScope(&r, &m->scope);
+  r.U32(&m->first_block);
+  DecodeKeys(&r, &m->keys);
+  return r.Done("reserve");
+}
+
+void EncodeReserveReply(const ReserveReply& m, Writer* w) {
+  w->U64(m.reservation_id);
+  EncodeBytes(m.state, w);
+  EncodeU64s(m.offsets, w);
+}
+
+Status DecodeReserveReply(Reader* r, ReserveReply* m) {
+  r->U64(&m->reservation_id);
+  DecodeBytes(r, &m->state);
+  DecodeU64s(r, &m->offsets);
+  if (r->ok() && m->state.size() != m->offsets.size())
+    return Status::InvalidArgument("reserve reply: states and offsets differ in count");
+  return r->Done("reserve reply");
+}
+
+void EncodeCommit(const CommitReq& m, Writer* w) {
+  w->U64(m.reservation_id);
+  EncodeBytes(m.written, w);
+  EncodeU64s(m.checksums, w);
+}
+
+Status DecodeCommit(std::span<const std::byte> in, CommitReq* m) {
+  Reader r(in);
+  r.U64(&m->reservation_id);
+  DecodeBytes(&r, &m->written);
+  DecodeU64s(&r, &m->checksums);
+  if (r.ok() && m->written.size() != m->checksums.size())
+    return Status::InvalidArgument("commit: flags and checksums differ in count");
+  return r.Done("commit");
+}
+
+void EncodeCommitReply(const CommitReply& m, Writer* w) {
+  w->U32(m.stored);
+  w->U32(m.present);
+  w->U32(m.failed);
+  w->StatusField(m.first_error);
+}
+
+Status DecodeCommitReply(Reader* r, CommitReply* m) {
+  r->U32(&m->stored);
+  r->U32(&m->present);
+  r->U32(&m->failed);
+  r->StatusField(&m->first_error);
+  return r->Done("commit reply");
+}
+
+void EncodeSession(const SessionReq& m, Writer* w) {
+  w->U64(m.session_id);
+  w->U8(m.event);
+}
+
+Status DecodeSession(std::span<const std::byte> in, SessionReq* m) {
+  Reader r(in);
+  r.U64(&m->session_id);
+  r.U8(&m->event);
+  return r.Done("session");
+}
+
+Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view what) {
+  Reader r(in);
+  r.U64(v);
+  return r.Done(what);
+}
+
+void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w) {
+  for (uint64_t v : {c.clients, c.leases, c.reservations, c.refused, c.disconnects, c.pid})
+    w->U64(v);
+  for (uint64_t v : {s.lookups, s.lookup_blocks, s.hit_blocks, s.loads, s.load_failed_blocks,
+                     s.stores, s.stored_blocks})
+    w->U64(v);
+  w->U32(static_cast<uint32_t>(s.tiers.size()));
+  for (const auto& t : s.tiers) {
+    w->Str(t.name);
+    w->U8(static_cast<uint8_t>(t.kind));
+    for (uint64_t v : {t.resident_blocks, t.hit_blocks, t.evictions, t.writebacks, t.rejected,
+                       t.corruptions, t.tier.used_bytes, t.tier.capacity_bytes, t.tier.puts,
+                       t.tier.gets, t.tier.hits, t.tier.misses})
+      w->U64(v);
+  }
+}
+
+Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
+  for (uint64_t* v :
+       {&c->clients, &c->leases, &c->reservations, &c->refused, &c->disconnects, &c->pid})
+    r->U64(v);
+  for (uint64_t* v : {&s->lookups, &s->lookup_blocks, &s->hit_blocks, &s->loads,
+                      &s->load_failed_blocks, &s->stores, &s->stored_blocks})
+    r->U64(v);
+  uint32_t n = 0;
+  if (r->Count(&n, 4 + 1 + 12 * 8) && n <= 64) {
+    s->tiers.resize(n);
+    for (auto& t : s->tiers) {
+      uint8_t kind = 0;
+      r->Str(&t.name);
+      r->U8(&kind);
+      t.kind = static_cast<TierKind>(kind <= 4 ? kind : 4);
+      for (uint64_t* v : {&t.resident_blocks, &t.hit_blocks, &t.evictions, &t.writebacks,
+                          &t.rejected, &t.corruptions, &t.tier.used_bytes, &t.tier.capacity_bytes,
+                          &t.tier.puts, &t.tier.gets, &t.tier.hits, &t.tier.misses})
+        r->U64(v);
+    }
+  } else if (r->ok()) {
+    return Status::InvalidArgument("stats reply: too many tiers");
+  }
+  return r->Done("stats reply");
+}
+
+Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
+  switch (static_cast<MsgType>(type)) {
+    case MsgType::kHello: {
+      Hello m;
+      return DecodeHello(payload, &m);
+    }
+    case MsgType::kLookup: {
+      LookupReq m;
+      return DecodeLookup(payload, &m);
+    }
+    case MsgType::kLoad: {
+      LoadReq m;
+      return DecodeLoad(payload, &m);
+    }
+    case MsgType::kReserve: {
+      ReserveReq m;
+      return DecodeReserve(payload, &m);
+    }
+    case MsgType::kCommit: {
+      CommitReq m;
+      return DecodeCommit(payload, &m);
+    }
+    case MsgType::kSession: {
+      SessionReq m;
+      return DecodeSession(payload, &m);
+    }
+    case MsgType::kRelease: {
+      uint64_t v = 0;
+      return DecodeU64(payload, &v, "release");
+    }
+    case MsgType::kDropTenant: {
+      Reader r(payload);
+      std::string t;
+      r.Str(&t);
+      return r.Done("drop-tenant");
+    }
+    case MsgType::kStats:
+    case MsgType::kPing:
+    case MsgType::kFlush:
+      return Reader(payload).Done(MsgTypeName(type));
+  }
+  return Status::InvalidArgument("unknown message type " + std::to_string(type));
+}
+
+}  // namespace kvtier::serve

@@ -1,0 +1,198 @@
+// The `serve:` section of the daemon's YAML config, read apart from the cache's keys.
+#include <grp.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "kvtier/config.h"
+#include "serve/serve_options.h"
+
+namespace kvtier::serve {
+namespace {
+
+Status Error(std::string_view source, const YAML::Node& n, const std::string& path,
+             const std::string& what) {
+  std::string where(source);
+  if (n.IsDefined() && n.Mark().line >= 0) where += ":" + std::to_string(n.Mark().line + 1);
+  return Status::InvalidArgument(where + ": " + path + ": " + what);
+}
+
+Result<uint64_t> Uint(std::string_view src, const YAML::Node& n, const std::string& path) {
+  if (!n.IsScalar()) return Error(src, n, path, "want a non-negative integer");
+  const std::string s = n.as<std::string>();
+  size_t used = 0;
+  uint64_t v = 0;
+  try {
+    if (!s.empty() && s[0] != '-') v = std::stoull(s, &used, 0);
+  } catch (...) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size())
+    return Error(src, n, path, "want a non-negative integer, got '" + s + "'");
+  return v;
+}
+
+Result<std::string> Str(std::string_view src, const YAML::Node& n, const std::string& path) {
+  if (!n.IsScalar()) return Error(src, n, path, "want a scalar");
+  return n.as<std::string>();
+}
+
+Status CheckKeys(std::string_view src, const YAML::Node& n, const std::string& path,
+                 std::initializer_list<const char*> known) {
+  if (!n.IsMap()) return Error(src, n, path, "want a mapping");
+  for (const auto& kv : n) {
+    const std::string key = kv.first.as<std::string>();
+    bool ok = false;
+    std::string list;
+    for (const char* k : known) {
+      ok |= key == k;
+      list += std::string(list.empty() ? "" : ", ") + k;
+    }
+    if (!ok) return Error(src, kv.first, path + "." + key, "unknown key (known: " + list + ")");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint32_t>> Uids(std::string_view src, const YAML::Node& n,
+                                   const std::string& path) {
+  if (!n.IsSequence()) return Error(src, n, path, "want a list of uids");
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < n.size(); ++i) {
+    KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n[i], path + "[" + std::to_string(i) + "]"));
+    out.push_back(static_cast<uint32_t>(v));
+  }
+  return out;
+}
+
+Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
+  ServeOptions o;
+  KVTIER_RETURN_IF_ERROR(
+      CheckKeys(src, n, "serve",
+                {"socket", "group", "socket_mode", "allow_uids", "lease_ms", "metrics_addr",
+                 "events_addr", "tenants", "verify_commit", "max_clients"}));
+  if (n["socket"]) {
+    KVTIER_ASSIGN_OR_RETURN(o.socket_path, Str(src, n["socket"], "serve.socket"));
+  }
+  if (n["group"]) {
+    KVTIER_ASSIGN_OR_RETURN(o.group, Str(src, n["group"], "serve.group"));
+  }
+  if (n["socket_mode"]) {
+    KVTIER_ASSIGN_OR_RETURN(uint64_t m, Uint(src, n["socket_mode"], "serve.socket_mode"));
+    if (m > 0777) return Error(src, n["socket_mode"], "serve.socket_mode", "want 0..0777");
+    o.socket_mode = static_cast<uint32_t>(m);
+  }
+  if (n["allow_uids"]) {
+    KVTIER_ASSIGN_OR_RETURN(o.allow_uids, Uids(src, n["allow_uids"], "serve.allow_uids"));
+  }
+  if (n["lease_ms"]) {
+    KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n["lease_ms"], "serve.lease_ms"));
+    if (v < 10 || v > 3600000)
+      return Error(src, n["lease_ms"], "serve.lease_ms", "must be in 10..3600000");
+    o.lease_ms = static_cast<uint32_t>(v);
+  }
+  if (n["metrics_addr"]) {
+    KVTIER_ASSIGN_OR_RETURN(o.metrics_addr, Str(src, n["metrics_addr"], "serve.metrics_addr"));
+  }
+  if (n["events_addr"]) {
+    KVTIER_ASSIGN_OR_RETURN(o.events_addr, Str(src, n["events_addr"], "serve.events_addr"));
+  }
+  if (n["verify_commit"]) {
+    KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["verify_commit"], "serve.verify_commit"));
+    if (v != "true" && v != "false")
+      return Error(src, n["verify_commit"], "serve.verify_commit", "want true or false");
+    o.verify_commit = v == "true";
+  }
+  if (n["max_clients"]) {
+    KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n["max_clients"], "serve.max_clients"));
+    if (v < 1 || v > 65536)
+      return Error(src, n["max_clients"], "serve.max_clients", "must be in 1..65536");
+    o.max_clients = static_cast<uint32_t>(v);
+  }
+  if (n["tenants"]) {
+    const YAML::Node& t = n["tenants"];
+    if (!t.IsSequence()) return Error(src, t, "serve.tenants", "want a list");
+    for (size_t i = 0; i < t.size(); ++i) {
+      const std::string path = "serve.tenants[" + std::to_string(i) + "]";
+      KVTIER_RETURN_IF_ERROR(CheckKeys(src, t[i], path, {"name", "uids", "token"}));
+      TenantBinding b;
+      if (!t[i]["name"]) return Error(src, t[i], path + ".name", "missing");
+      KVTIER_ASSIGN_OR_RETURN(b.name, Str(src, t[i]["name"], path + ".name"));
+      if (t[i]["uids"]) {
+        KVTIER_ASSIGN_OR_RETURN(b.uids, Uids(src, t[i]["uids"], path + ".uids"));
+      }
+      if (t[i]["token"]) {
+        KVTIER_ASSIGN_OR_RETURN(b.token, Str(src, t[i]["token"], path + ".token"));
+      }
+      if (b.uids.empty() && b.token.empty())
+        return Error(src, t[i], path, "bind the tenant to uids, a token or both");
+      o.tenants.push_back(std::move(b));
+    }
+  }
+  Status v = o.Validate();
+  if (!v.ok()) return Error(src, n, "serve", v.message());
+  return o;
+}
+
+}  // namespace
+
+Status ServeOptions::Validate() const {
+  if (lease_ms < 10) return Status::InvalidArgument("lease_ms: must be >= 10");
+  for (size_t i = 0; i < tenants.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (tenants[i].name == tenants[j].name)
+        return Status::InvalidArgument("tenants: '" + tenants[i].name + "' is bound twice");
+  return Status::Ok();
+}
+
+ServeConfig DefaultServeConfig(std::string* why) {
+  ServeConfig c;
+  c.cache.layout = *LayoutPreset("llama-3.1-8b");
+  const uint64_t pages = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES));
+  const uint64_t mem = pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t cap = std::clamp<uint64_t>(mem / 4, 64ull << 20, 64ull << 30);
+  cap = std::max<uint64_t>(cap / c.cache.layout.bytes_per_block(), 1) *
+        c.cache.layout.bytes_per_block();
+  TierSpec host;
+  host.kind = "host";
+  host.capacity_bytes = cap;
+  host.threads = 2;
+  c.cache.tiers.push_back(host);
+  if (why)
+    *why = "no --config: host tier of " + FormatBytes(cap) + " (a quarter of this machine's " +
+           FormatBytes(mem) + ", within 64 MiB..64 GiB), layout llama-3.1-8b";
+  return c;
+}
+
+Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source) {
+  ServeConfig c;
+  KVTIER_ASSIGN_OR_RETURN(c.cache, ParseCacheOptionsYaml(text, source));
+  try {
+    YAML::Node root = YAML::Load(std::string(text));
+    if (root["serve"]) {
+      KVTIER_ASSIGN_OR_RETURN(c.serve, ParseServe(source, root["serve"]));
+    }
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
+                                   ": " + e.msg);
+  }
+  if (c.cache.tiers.empty() || c.cache.tiers[0].kind != "host")
+    return Status::InvalidArgument(std::string(source) +
+                                   ": tiers[0].kind: the daemon's first tier must be a host "
+                                   "tier (its arena is what clients map)");
+  return c;
+}
+
+Result<ServeConfig> LoadServeConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument(path + ": cannot open: " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseServeConfigYaml(ss.str(), path);
+}
+
+}  // namespace kvtier::serve

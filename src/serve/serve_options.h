@@ -1,0 +1,54 @@
+// ServeOptions: the daemon's own settings, the `serve:` section of the YAML config (see
+// doc/config.md). Read apart from the cache's keys.
+//
+// Thread-safety: a value type.
+#ifndef KVTIER_SRC_SERVE_SERVE_OPTIONS_H_
+#define KVTIER_SRC_SERVE_SERVE_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/cache.h"
+#include "kvtier/status.h"
+
+namespace kvtier::serve {
+
+// A tenant name that only some peers may declare: those whose uid is listed, or that present
+// the token. A tenant not listed is open to every peer allowed on the socket.
+struct TenantBinding {
+  std::string name;
+  std::vector<uint32_t> uids;
+  std::string token;
+};
+
+struct ServeOptions {
+  std::string socket_path;  // empty = DefaultSocketPath()
+  std::string group;        // socket group (name or gid); empty = the daemon's
+  uint32_t socket_mode = 0660;
+  std::vector<uint32_t> allow_uids;  // SO_PEERCRED check; empty = any peer that can connect
+  uint32_t lease_ms = 30000;         // pins and reservations not renewed by then are dropped
+  std::string metrics_addr;          // HOST:PORT for GET /metrics; empty = off
+  std::string events_addr;           // ZeroMQ PUB endpoint for KV events; empty = off
+  std::vector<TenantBinding> tenants;
+  bool verify_commit = true;  // re-read a committed block and check its checksum
+  uint32_t max_clients = 1024;
+  Status Validate() const;
+};
+
+struct ServeConfig {
+  CacheOptions cache;
+  ServeOptions serve;
+};
+
+// The embedded default: a host tier of a quarter of the machine's memory (at most 64 GiB, at
+// least 64 MiB), llama-3.1-8b's layout, LRU. *why says how it was sized (for the log).
+ServeConfig DefaultServeConfig(std::string* why);
+// Reads a YAML file: the cache keys (kvtier/config.h) plus an optional `serve:` section.
+Result<ServeConfig> LoadServeConfigFile(const std::string& path);
+Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source);
+
+}  // namespace kvtier::serve
+
+#endif  // KVTIER_SRC_SERVE_SERVE_OPTIONS_H_

@@ -1,0 +1,80 @@
+#include "daemon_harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "serve/socket_io.h"
+
+namespace kvtier::testing {
+
+Daemon::Daemon(std::string dir, std::string yaml)
+    : dir_(std::move(dir)), config_(dir_ + "/kvtier.yaml"), socket_(dir_ + "/kvtier.sock") {
+  std::ofstream(config_) << yaml;
+}
+
+Daemon::~Daemon() {
+  if (pid_ > 0) {
+    kill(pid_, SIGCONT);
+    Signal(SIGKILL);
+  }
+}
+
+Status Daemon::Start() {
+  log_ = dir_ + "/daemon-" + std::to_string(++runs_) + ".log";
+  const pid_t pid = fork();
+  if (pid < 0) return Status::Internal("fork failed");
+  if (pid == 0) {
+    const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDERR_FILENO);
+    dup2(fd, STDOUT_FILENO);
+    execl(KVTIER_CLI_PATH, KVTIER_CLI_PATH, "serve", "--config", config_.c_str(), "--socket",
+          socket_.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  pid_ = pid;
+  const bool up = PollUntil(
+      [&] {
+        int st = 0;
+        if (waitpid(pid_, &st, WNOHANG) == pid_) {
+          pid_ = -1;
+          return true;
+        }
+        auto fd = serve::ConnectUnix(socket_);
+        if (!fd.ok()) return false;
+        close(*fd);
+        return true;
+      },
+      20000);
+  if (pid_ < 0) return Status::Internal("kvtier serve exited at start: " + Log());
+  if (!up) return Status::Unavailable("kvtier serve did not listen within 20 s: " + Log());
+  return Status::Ok();
+}
+
+int Daemon::Signal(int sig) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  if (sig != SIGTERM && sig != SIGKILL && sig != SIGINT) return -1;
+  int st = 0;
+  waitpid(pid_, &st, 0);
+  pid_ = -1;
+  if (WIFEXITED(st)) return WEXITSTATUS(st);
+  return 128 + WTERMSIG(st);
+}
+
+std::string Daemon::Log() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Daemon::WaitForLog(const std::string& text, int timeout_ms) const {
+  return PollUntil([&] { return Log().find(text) != std::string::npos; }, timeout_ms);
+}
+
+}  // namespace kvtier::testing

@@ -1,0 +1,532 @@
+// kvtier serve end to end: the real daemon binary on a private socket, real client processes,
+// the real shared arena. Every load is checked byte for byte against the model "a block's
+// bytes are a function of its key".
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "daemon_harness.h"
+#include "kvtier/client.h"
+#include "serve/protocol.h"
+#include "serve/socket_io.h"
+#include "testing/test_util.h"
+
+namespace kvtier::testing {
+namespace {
+
+using serve::MsgType;
+
+std::string LayoutYaml(const KvLayout& l) {
+  return "{num_layers: " + std::to_string(l.num_layers) +
+         ", num_kv_heads: " + std::to_string(l.num_kv_heads) +
+         ", head_dim: " + std::to_string(l.head_dim) +
+         ", dtype: " + std::string(DTypeName(l.dtype)) +
+         ", block_tokens: " + std::to_string(l.block_tokens) + "}";
+}
+
+// A config with a host tier of `host_blocks` blocks, an optional disk tier, and extra serve
+// keys.
+std::string Config(uint64_t host_blocks, const std::string& disk_dir = "",
+                   const std::string& serve_extra = "", uint32_t lease_ms = 30000) {
+  const KvLayout l = SmallLayout();
+  std::string y = "model_id: test\nlayout: " + LayoutYaml(l) + "\ntiers:\n";
+  y += "  - {kind: host, capacity: " + std::to_string(host_blocks * l.bytes_per_block()) +
+       ", params: {prefault: false}}\n";
+  if (!disk_dir.empty())
+    y += "  - {kind: disk, capacity: 4MiB, params: {path: " + disk_dir +
+         ", io: sync, direct_io: false, buffer_bytes: 1MiB, sync: none}}\n";
+  y += "serve:\n  lease_ms: " + std::to_string(lease_ms) + "\n" + serve_extra;
+  return y;
+}
+
+ClientOptions Opts(const Daemon& d, const std::string& tenant = "", const std::string& token = "") {
+  ClientOptions o;
+  o.socket_path = d.socket();
+  o.layout = SmallLayout();
+  o.model_id = "test";
+  o.tenant = tenant;
+  o.token = token;
+  o.timeout_ms = 500;
+  o.reconnect_ms = 20;
+  return o;
+}
+
+uint64_t Seed(const BlockKey& k) { return k.hi ^ (k.lo * 31); }
+
+// Stores blocks [from, n) of the prefix `base`, each filled from its key.
+StoreResult StoreChain(KvCache& c, uint32_t base, uint32_t n, uint32_t from = 0,
+                       const RequestOptions& rq = {}) {
+  const KvLayout& l = c.layout();
+  std::vector<BlockKey> keys;
+  HashPrefix(c.Root(rq), l.block_tokens, Tokens(uint64_t{n} * l.block_tokens, base), &keys);
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ConstBlock> blocks;
+  for (uint32_t i = from; i < n; ++i) data.push_back(MakeBlock(l.bytes_per_block(), Seed(keys[i])));
+  for (auto& d : data) blocks.emplace_back(d);
+  auto r = c.StoreKeys(std::span<const BlockKey>(keys).subspan(from), blocks, from, rq);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : StoreResult{};
+}
+
+// Looks up the prefix, loads every hit and checks it; returns the blocks loaded (-1 on a
+// mismatch).
+int LoadChain(KvCache& c, uint32_t base, uint32_t n, const RequestOptions& rq = {}) {
+  const KvLayout& l = c.layout();
+  auto lr = c.Lookup(Tokens(uint64_t{n} * l.block_tokens, base), rq);
+  if (!lr.ok()) return -2;
+  std::vector<std::vector<std::byte>> buf(lr->hit_blocks,
+                                          std::vector<std::byte>(l.bytes_per_block()));
+  std::vector<MutableBlock> dst(buf.begin(), buf.end());
+  auto ld = c.Load(*lr, dst);
+  if (!ld.ok()) return -3;
+  for (uint32_t i = 0; i < ld->loaded_blocks; ++i)
+    if (buf[i] != MakeBlock(l.bytes_per_block(), Seed(lr->keys[i]))) return -1;
+  return static_cast<int>(ld->loaded_blocks);
+}
+
+Result<DaemonStatus> StatusOf(const Daemon& d) {
+  ClientOptions o;
+  o.socket_path = d.socket();
+  o.timeout_ms = 2000;
+  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Open(o));
+  return c->GetDaemonStatus();
+}
+
+// A daemon counter, or UINT64_MAX when the daemon cannot be asked.
+template <typename Fn>
+uint64_t Counter(const Daemon& d, Fn&& field) {
+  auto s = StatusOf(d);
+  return s.ok() ? field(*s) : UINT64_MAX;
+}
+
+// A raw protocol connection, for what a well-behaved client never sends.
+struct Raw {
+  int fd = -1;
+  explicit Raw(const std::string& path) {
+    auto r = serve::ConnectUnix(path);
+    if (r.ok()) fd = *r;
+  }
+  ~Raw() {
+    if (fd >= 0) close(fd);
+  }
+  bool Send(std::span<const std::byte> bytes) {
+    return serve::SendAll(fd, bytes, MonotonicNsForTest() + 2'000'000'000ull).ok();
+  }
+  static uint64_t MonotonicNsForTest() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now().time_since_epoch())
+                                     .count());
+  }
+  // The reply's status (Unavailable when the daemon closed instead).
+  Status Reply(std::vector<std::byte>* payload, int* arena_fd = nullptr) {
+    serve::FrameHeader h;
+    int passed = -1;
+    Status s =
+        serve::RecvFrame(fd, MonotonicNsForTest() + 2'000'000'000ull, -1, &h, payload, &passed);
+    if (arena_fd)
+      *arena_fd = passed;
+    else if (passed >= 0)
+      close(passed);
+    if (!s.ok()) return s;
+    serve::Reader r(*payload);
+    Status st;
+    if (!r.StatusField(&st)) return Status::Internal("bad reply");
+    payload->erase(payload->begin(), payload->end() - static_cast<long>(r.left()));
+    return st;
+  }
+  // True when the daemon closed the connection (within 2 s).
+  bool Closed() {
+    std::vector<std::byte> p;
+    Status s = Reply(&p);
+    return s.code() == StatusCode::kUnavailable &&
+           s.message().find("timed out") == std::string::npos;
+  }
+  Status Hello(uint32_t version = serve::kProtocolVersion, int* arena_fd = nullptr) {
+    serve::Writer w;
+    w.Begin(static_cast<uint16_t>(MsgType::kHello), 0, 1);
+    serve::Hello h;
+    h.version = version;
+    h.layout = SmallLayout();
+    h.model_id = "test";
+    serve::EncodeHello(h, &w);
+    if (!Send(w.Finish())) return Status::Unavailable("send");
+    std::vector<std::byte> p;
+    return Reply(&p, arena_fd);
+  }
+};
+
+class ServeTest : public ::testing::Test {
+ protected:
+  TempDir dir_;
+};
+
+TEST_F(ServeTest, StoreLookupLoadThroughTheSharedArena) {
+  Daemon d(dir_.path(), Config(256));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE((*c)->connected());
+  EXPECT_EQ(LoadChain(**c, 7, 10), 0);
+  StoreResult s = StoreChain(**c, 7, 10);
+  EXPECT_EQ(s.stored_blocks, 10u);
+  EXPECT_EQ(s.failed_blocks, 0u);
+  EXPECT_EQ(LoadChain(**c, 7, 10), 10);
+  EXPECT_EQ(LoadChain(**c, 7, 14), 10);  // a longer prompt hits its stored prefix
+  // Storing it again copies nothing.
+  s = StoreChain(**c, 7, 10);
+  EXPECT_EQ(s.present_blocks, 10u);
+  // A second process-like client (its own connection and mapping) sees the same blocks.
+  auto c2 = Client::Open(Opts(d));
+  ASSERT_TRUE(c2.ok());
+  EXPECT_EQ(LoadChain(**c2, 7, 10), 10);
+  auto st = (*c2)->GetDaemonStatus();
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->cache.tiers[0].resident_blocks, 10u);
+  EXPECT_GE(st->clients, 2u);
+  EXPECT_EQ(st->pid, static_cast<uint64_t>(d.pid()));
+}
+
+TEST_F(ServeTest, LeasesEndWithReleaseAndPinsKeepBlocksResident) {
+  Daemon d(dir_.path(), Config(8));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  StoreChain(**c, 1, 4);
+  auto lr = (*c)->Lookup(Tokens(16, 1));
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->hit_blocks, 4u);
+  EXPECT_TRUE(PollUntil([&] { return Counter(d, [](auto& s) { return s.leases; }) == 1; }, 2000));
+  // Filling the 8-block arena with other blocks cannot evict the pinned four.
+  StoreChain(**c, 2, 8);
+  std::vector<std::vector<std::byte>> buf(4,
+                                          std::vector<std::byte>(SmallLayout().bytes_per_block()));
+  std::vector<MutableBlock> dst(buf.begin(), buf.end());
+  auto ld = (*c)->Load(*lr, dst);
+  ASSERT_TRUE(ld.ok());
+  EXPECT_EQ(ld->loaded_blocks, 4u);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(buf[i], MakeBlock(buf[i].size(), Seed(lr->keys[i]))) << "block " << i;
+  lr->pins.Release();
+  EXPECT_TRUE(PollUntil([&] { return Counter(d, [](auto& s) { return s.leases; }) == 0; }, 2000));
+}
+
+TEST_F(ServeTest, LeaseExpiresWhenNotReleased) {
+  Daemon d(dir_.path(), Config(64, "", "", 100));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  StoreChain(**c, 1, 4);
+  auto lr = (*c)->Lookup(Tokens(16, 1));
+  ASSERT_TRUE(lr.ok());
+  ASSERT_EQ(lr->hit_blocks, 4u);
+  EXPECT_TRUE(PollUntil([&] { return Counter(d, [](auto& s) { return s.leases; }) == 0; }, 3000));
+  std::vector<std::vector<std::byte>> buf(4,
+                                          std::vector<std::byte>(SmallLayout().bytes_per_block()));
+  std::vector<MutableBlock> dst(buf.begin(), buf.end());
+  auto ld = (*c)->Load(*lr, dst);
+  ASSERT_TRUE(ld.ok());
+  EXPECT_EQ(ld->loaded_blocks, 0u);  // an expired lease delivers nothing
+  EXPECT_EQ((*c)->client_stats().expired_loads, 1u);
+}
+
+// Eight processes share three prefixes of random lengths through a small arena (evictions);
+// every block any of them loads must be the bytes its key names.
+TEST_F(ServeTest, EightProcessesOverlappingPrefixesByteForByte) {
+  Daemon d(dir_.path(), Config(48));  // 4 prefixes of up to 24 blocks: evictions
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  std::vector<pid_t> kids;
+  for (int p = 0; p < 8; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      {
+        auto c = Client::Open(Opts(d));
+        if (!c.ok() || !(*c)->connected()) _exit(3);
+        std::mt19937 rng(p);
+        int loaded = 0;
+        for (int it = 0; it < 60 && code == 0; ++it) {
+          const uint32_t base = 1000 * (rng() % 4);
+          const uint32_t n = 1 + rng() % 24;
+          const int hit = LoadChain(**c, base, n);
+          if (hit < 0) code = 1;
+          loaded += std::max(hit, 0);
+          if (code == 0 && static_cast<uint32_t>(hit) < n) {
+            StoreResult s = StoreChain(**c, base, n, static_cast<uint32_t>(hit));
+            if (!s.first_error.ok() && s.first_error.code() != StatusCode::kResourceExhausted)
+              code = 2;
+          }
+        }
+        if (code == 0 && loaded == 0) code = 4;  // nothing ever hit: the test proved nothing
+      }
+      _exit(code);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t k : kids) {
+    int st = 0;
+    ASSERT_EQ(waitpid(k, &st, 0), k);
+    ASSERT_TRUE(WIFEXITED(st));
+    EXPECT_EQ(WEXITSTATUS(st), 0) << "1 = a loaded block differed from its key's bytes";
+  }
+  auto st = StatusOf(d);
+  ASSERT_TRUE(st.ok());
+  EXPECT_GT(st->cache.tiers[0].evictions, 0u);
+  EXPECT_EQ(st->leases, 0u);
+  EXPECT_EQ(st->reservations, 0u);
+}
+
+// A client killed between reserve and commit: its slots come back, nothing it half wrote is
+// ever served.
+TEST_F(ServeTest, ClientKilledMidStoreLeavesNothingBehind) {
+  Daemon d(dir_.path(), Config(32));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto before = StatusOf(d);
+  ASSERT_TRUE(before.ok());
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t kid = fork();
+  ASSERT_GE(kid, 0);
+  if (kid == 0) {
+    Raw raw(d.socket());
+    int arena_fd = -1;
+    if (!raw.Hello(serve::kProtocolVersion, &arena_fd).ok() || arena_fd < 0) _exit(1);
+    const KvLayout l = SmallLayout();
+    Namespace ns{"test", "", l.fingerprint(), "", ""};
+    std::vector<BlockKey> keys;
+    HashPrefix(ns.Root(), l.block_tokens, Tokens(16 * l.block_tokens, 55), &keys);
+    serve::ReserveReq rq;
+    rq.keys = keys;
+    serve::Writer w;
+    w.Begin(static_cast<uint16_t>(MsgType::kReserve), 0, 2);
+    serve::EncodeReserve(rq, &w);
+    std::vector<std::byte> p;
+    if (!raw.Send(w.Finish()) || !raw.Reply(&p).ok()) _exit(2);
+    serve::Reader r(p);
+    serve::ReserveReply rr;
+    if (!serve::DecodeReserveReply(&r, &rr).ok() || rr.reservation_id == 0) _exit(3);
+    struct stat sb;
+    fstat(arena_fd, &sb);
+    auto* base = static_cast<std::byte*>(
+        mmap(nullptr, sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0));
+    // Half of the blocks written, half of one more: then wait to be killed.
+    for (int i = 0; i < 8; ++i) std::memset(base + rr.offsets[i], 0xAB, l.bytes_per_block());
+    std::memset(base + rr.offsets[8], 0xAB, l.bytes_per_block() / 2);
+    (void)!write(ready[1], "r", 1);
+    pause();
+    _exit(0);
+  }
+  char ch;
+  ASSERT_EQ(read(ready[0], &ch, 1), 1);
+  EXPECT_TRUE(
+      PollUntil([&] { return Counter(d, [](auto& s) { return s.reservations; }) == 1; }, 2000));
+  kill(kid, SIGKILL);
+  int st = 0;
+  waitpid(kid, &st, 0);
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        auto s = StatusOf(d);
+        return s.ok() && s->reservations == 0 && s->clients == 1;  // StatusOf's own connection
+      },
+      3000));
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(LoadChain(**c, 55, 16), 0);  // nothing of the dead client's store is visible
+  auto after = StatusOf(d);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->cache.tiers[0].tier.used_bytes, before->cache.tiers[0].tier.used_bytes);
+  // Every slot is free again: the whole arena takes a fresh chain.
+  StoreResult s = StoreChain(**c, 56, 32);
+  EXPECT_EQ(s.stored_blocks, 32u);
+  EXPECT_EQ(LoadChain(**c, 56, 32), 32);
+}
+
+TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
+  const std::string disk = dir_.path() + "/ssd";
+  Daemon d(dir_.path(), Config(64, disk));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(StoreChain(**c, 9, 12).stored_blocks, 12u);
+  EXPECT_EQ(LoadChain(**c, 9, 12), 12);
+  ASSERT_EQ(d.Signal(SIGKILL), 128 + SIGKILL);
+  // Misses, within the deadline, never a hang.
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(LoadChain(**c, 9, 12), 0);
+    const StoreResult s = StoreChain(**c, 10, 4);
+    EXPECT_EQ(s.failed_blocks, 4u);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1500));
+  }
+  EXPECT_EQ((*c)->client_stats().dropped_stores, 3u);
+  EXPECT_FALSE((*c)->connected());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE((*c)->WaitConnected(5000).ok());
+  // The restarted daemon reopened the SSD tier: the blocks come back through the arena.
+  EXPECT_EQ(LoadChain(**c, 9, 12), 12);
+  auto st = StatusOf(d);
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->cache.tiers[1].hit_blocks, 12u);
+}
+
+TEST_F(ServeTest, DaemonStoppedClientsTimeOutAndGoOn) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ClientOptions o = Opts(d);
+  o.timeout_ms = 300;
+  auto c = Client::Open(o);
+  ASSERT_TRUE(c.ok());
+  StoreChain(**c, 3, 4);
+  ASSERT_EQ(LoadChain(**c, 3, 4), 4);
+  kill(d.pid(), SIGSTOP);
+  // Two seconds stopped: every call returns a miss within its deadline (the background
+  // reconnects time out too, without holding calls up).
+  const auto stopped = std::chrono::steady_clock::now();
+  int calls = 0;
+  while (std::chrono::steady_clock::now() - stopped < std::chrono::seconds(2)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(LoadChain(**c, 3, 4), 0);
+    EXPECT_EQ(StoreChain(**c, 33, 2).failed_blocks, 2u);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+    ++calls;
+  }
+  EXPECT_GT(calls, 10);
+  EXPECT_GE((*c)->client_stats().timeouts, 1u);
+  EXPECT_FALSE((*c)->connected());
+  kill(d.pid(), SIGCONT);
+  ASSERT_TRUE((*c)->WaitConnected(5000).ok());
+  EXPECT_EQ(LoadChain(**c, 3, 4), 4);
+}
+
+TEST_F(ServeTest, GarbageAndTruncatedFramesDisconnectOnlyThatClient) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto good = Client::Open(Opts(d));
+  ASSERT_TRUE(good.ok());
+  StoreChain(**good, 4, 4);
+  {
+    Raw raw(d.socket());
+    std::vector<std::byte> junk(64, std::byte{0x5a});
+    ASSERT_TRUE(raw.Send(junk));
+    EXPECT_TRUE(raw.Closed());
+    EXPECT_TRUE(d.WaitForLog("disconnecting: bad frame magic", 2000)) << d.Log();
+  }
+  {
+    Raw raw(d.socket());
+    ASSERT_TRUE(raw.Hello().ok());
+    serve::Writer w;
+    w.Begin(static_cast<uint16_t>(MsgType::kLookup), 0, 2);
+    for (int i = 0; i < 100; ++i) w.U8(0);
+    auto frame = w.Finish();
+    ASSERT_TRUE(raw.Send(frame.first(serve::kHeaderBytes + 10)));
+    shutdown(raw.fd, SHUT_WR);
+    EXPECT_TRUE(raw.Closed());
+    EXPECT_TRUE(d.WaitForLog("mid-frame", 2000)) << d.Log();
+  }
+  {
+    Raw raw(d.socket());
+    ASSERT_TRUE(raw.Hello().ok());
+    serve::Writer w;
+    w.Begin(static_cast<uint16_t>(MsgType::kLookup), 0, 2);
+    w.U32(1000);  // a tenant string longer than the frame
+    ASSERT_TRUE(raw.Send(w.Finish()));
+    EXPECT_TRUE(raw.Closed());
+    EXPECT_TRUE(d.WaitForLog("lookup: truncated or malformed payload", 2000)) << d.Log();
+  }
+  EXPECT_EQ(LoadChain(**good, 4, 4), 4);  // the others are unaffected
+  EXPECT_EQ((*good)->client_stats().disconnects, 0u);
+  auto st = StatusOf(d);
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->disconnects, 3u);
+}
+
+TEST_F(ServeTest, ProtocolVersionMismatchNamesBothVersions) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Raw raw(d.socket());
+  Status s = raw.Hello(99);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("version 99"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("version " + std::to_string(serve::kProtocolVersion)),
+            std::string::npos)
+      << s.message();
+  EXPECT_TRUE(raw.Closed());
+}
+
+TEST_F(ServeTest, LayoutMismatchIsRefusedNamingBoth) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ClientOptions o = Opts(d);
+  o.layout = SmallLayout(8);
+  auto c = Client::Open(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find(SmallLayout(8).ToString()), std::string::npos);
+  EXPECT_NE(c.status().message().find(SmallLayout().ToString()), std::string::npos);
+}
+
+TEST_F(ServeTest, TenantBoundToTokenOrUidCannotBeReadByDeclaringItsName) {
+  const std::string tenants =
+      "  tenants:\n    - {name: A, token: ta}\n    - {name: B, token: tb}\n"
+      "    - {name: C, uids: [" +
+      std::to_string(getuid() + 1) + "]}\n";
+  Daemon d(dir_.path(), Config(64, "", tenants));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto b = Client::Open(Opts(d, "B", "tb"));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(StoreChain(**b, 5, 6).stored_blocks, 6u);
+  EXPECT_EQ(LoadChain(**b, 5, 6), 6);
+  // Declaring B without B's token, or with A's: refused.
+  auto a_as_b = Client::Open(Opts(d, "B", "ta"));
+  ASSERT_FALSE(a_as_b.ok());
+  EXPECT_NE(a_as_b.status().message().find("tenant 'B'"), std::string::npos);
+  EXPECT_FALSE(Client::Open(Opts(d, "C", "")).ok());  // bound to another uid
+  auto a = Client::Open(Opts(d, "A", "ta"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(LoadChain(**a, 5, 6), 0);
+  // A request naming B: refused.
+  RequestOptions rq;
+  rq.tenant = "B";
+  EXPECT_FALSE((*a)->Lookup(Tokens(24, 5), rq).ok());
+  // B's own key chain, hashed under B's root, sent by A: still A's namespace, no hits.
+  std::vector<BlockKey> bkeys;
+  HashPrefix((*b)->Root(), SmallLayout().block_tokens, Tokens(24, 5), &bkeys);
+  auto lr = (*a)->LookupKeys(bkeys);
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->hit_blocks, 0u);
+}
+
+TEST_F(ServeTest, SigtermDrainsAndExitsZeroSighupReloads) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  StoreChain(**c, 1, 3);
+  std::ofstream(d.config()) << Config(128);  // a new size: applies at restart only
+  kill(d.pid(), SIGHUP);
+  EXPECT_TRUE(d.WaitForLog("SIGHUP: reloaded", 3000)) << d.Log();
+  EXPECT_EQ(d.Signal(SIGTERM), 0) << d.Log();
+  struct stat sb;
+  EXPECT_NE(stat(d.socket().c_str(), &sb), 0);  // the socket is gone
+  EXPECT_EQ(LoadChain(**c, 1, 3), 0);
+}
+
+TEST_F(ServeTest, SocketIsGroupOnly) {
+  Daemon d(dir_.path(), Config(64));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  struct stat sb;
+  ASSERT_EQ(stat(d.socket().c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0660u);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

@@ -1,0 +1,343 @@
+// kvtier bench serve: the daemon's data plane (client Load/Store through the shared arena
+// beside the same run's memcpy in that client), its control plane (lookup of a 2,000-block
+// chain beside the same run's empty round trip) and its memory outside the arena per indexed
+// block. Each phase runs a real daemon in a child process on a private socket.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "command.h"
+#include "kvtier/client.h"
+#include "serve/server.h"
+
+namespace kvtier::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Pct(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// A daemon in a child process: started before this process makes any thread.
+struct ChildDaemon {
+  pid_t pid = -1;
+  std::string socket;
+  ChildDaemon(const CacheOptions& co, const std::string& path) : socket(path) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    pid = fork();
+    if (pid == 0) {
+      pthread_sigmask(SIG_BLOCK, &set, nullptr);
+      serve::ServeOptions so;
+      so.socket_path = path;
+      so.lease_ms = 60000;
+      so.verify_commit = true;
+      auto s = serve::Server::Start(co, so);
+      if (!s.ok()) {
+        std::fprintf(stderr, "kvtier bench serve: daemon: %s\n", s.status().ToString().c_str());
+        _exit(1);
+      }
+      int sig = 0;
+      sigwait(&set, &sig);
+      (*s)->Stop();
+      _exit(0);
+    }
+  }
+  ~ChildDaemon() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+  }
+  // VmRSS minus shared-memory RSS (the arena): what the daemon holds outside the arena.
+  uint64_t RssOutsideArena() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    uint64_t rss = 0, shmem = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmRSS:", 0) == 0) rss = std::stoull(line.substr(6)) * 1024;
+      if (line.rfind("RssShmem:", 0) == 0) shmem = std::stoull(line.substr(9)) * 1024;
+    }
+    return rss - shmem;
+  }
+};
+
+Result<std::unique_ptr<Client>> Connect(const ChildDaemon& d, const KvLayout& l) {
+  ClientOptions o;
+  o.socket_path = d.socket;
+  o.layout = l;
+  o.timeout_ms = 60000;
+  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Open(o));
+  KVTIER_RETURN_IF_ERROR(c->WaitConnected(10000));
+  return c;
+}
+
+CacheOptions HostOnly(const KvLayout& l, uint64_t blocks, bool prefault) {
+  CacheOptions co;
+  co.layout = l;
+  TierSpec t;
+  t.kind = "host";
+  t.capacity_bytes = blocks * l.bytes_per_block();
+  t.params["prefault"] = prefault ? "true" : "false";
+  co.tiers.push_back(t);
+  return co;
+}
+
+std::string TempSocket(const std::string& tag) {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-bench-" + std::to_string(getpid()) +
+         "-" + tag + ".sock";
+}
+
+struct Opts {
+  bool json = false;
+  int reps = 5;
+  int lookups = 10000;
+  uint64_t rss_blocks = 1000000;
+  std::string working_set = "128MiB";
+};
+
+int DataPlane(const Opts& o, nlohmann::json* out) {
+  const uint64_t ws = *ParseByteSize(o.working_set);
+  for (uint32_t tokens : {2u, 16u}) {  // llama-3.1-8b: 256 KiB and 2 MiB blocks
+    const KvLayout l = *LayoutPreset("llama-3.1-8b", tokens);
+    const size_t bb = l.bytes_per_block();
+    const size_t n = std::max<size_t>(ws / bb, 4);
+    ChildDaemon d(HostOnly(l, n, true), TempSocket("dp"));
+    auto c = Connect(d, l);
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvtier bench serve: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    std::vector<std::byte> src(n * bb), dst(n * bb), base(n * bb);
+    for (size_t i = 0; i < src.size(); i += 4096) src[i] = std::byte(i >> 12);
+    std::memset(dst.data(), 1, dst.size());
+    std::memset(base.data(), 1, base.size());
+    std::vector<BlockKey> keys(n);
+    std::vector<ConstBlock> in(n);
+    std::vector<MutableBlock> outb(n);
+    for (size_t i = 0; i < n; ++i) {
+      keys[i] = BlockKey{tokens, i + 1};
+      in[i] = ConstBlock(src.data() + i * bb, bb);
+      outb[i] = MutableBlock(dst.data() + i * bb, bb);
+    }
+    for (int threads : {1, 2}) {
+      std::vector<double> store, load, mc;
+      for (int r = 0; r < o.reps; ++r) {
+        (void)(*c)->Flush();
+        // Each thread stores and loads its own contiguous part as one batch.
+        auto run = [&](auto&& fn) {
+          auto t0 = Clock::now();
+          std::vector<std::thread> ts;
+          for (int t = 0; t < threads; ++t)
+            ts.emplace_back([&, t] { fn(n * t / threads, n * (t + 1) / threads); });
+          for (auto& t : ts) t.join();
+          return n * bb / Seconds(t0) / 1e9;
+        };
+        bool ok = true;
+        store.push_back(run([&](size_t b, size_t e) {
+          auto s = (*c)->StoreKeys(std::span(keys).subspan(b, e - b),
+                                   std::span(in).subspan(b, e - b), 0);
+          ok &= s.ok() && s->stored_blocks == e - b;
+        }));
+        load.push_back(run([&](size_t b, size_t e) {
+          auto lr = (*c)->LookupKeys(std::span(keys).subspan(b, e - b));
+          if (!lr.ok() || lr->hit_blocks != e - b) {
+            ok = false;
+            return;
+          }
+          auto ld = (*c)->Load(*lr, std::span(outb).subspan(b, e - b));
+          ok &= ld.ok() && ld->loaded_blocks == e - b;
+        }));
+        mc.push_back(run([&](size_t b, size_t e) {
+          for (size_t i = b; i < e; ++i) std::memcpy(base.data() + i * bb, src.data() + i * bb, bb);
+        }));
+        if (!ok || std::memcmp(dst.data(), src.data(), src.size()) != 0) {
+          std::fprintf(stderr, "kvtier bench serve: a store or load failed or differed\n");
+          return 1;
+        }
+      }
+      const double m = Pct(mc, 0.5);
+      for (auto [op, v] :
+           {std::pair{"store", Pct(store, 0.5)}, std::pair{"load", Pct(load, 0.5)}}) {
+        (*out)["data_plane"].push_back({{"op", op},
+                                        {"block_bytes", bb},
+                                        {"threads", threads},
+                                        {"gbps", v},
+                                        {"memcpy_gbps", m},
+                                        {"ratio", v / m}});
+        if (!o.json)
+          std::printf("data plane %-5s %8s x%d  %6.2f GB/s  memcpy %6.2f GB/s  ratio %.2f\n", op,
+                      FormatBytes(bb).c_str(), threads, v, m, v / m);
+      }
+    }
+  }
+  return 0;
+}
+
+int ControlPlane(const Opts& o, nlohmann::json* out) {
+  // 2,000 blocks of 64 tokens (a 128K-token prompt); small blocks: bytes do not matter here.
+  KvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = 1;
+  l.head_dim = 4;
+  l.dtype = DType::kFp32;
+  l.block_tokens = 64;
+  ChildDaemon d(HostOnly(l, 4096, true), TempSocket("cp"));
+  auto first = Connect(d, l);
+  if (!first.ok()) {
+    std::fprintf(stderr, "kvtier bench serve: %s\n", first.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<TokenId> tokens(2000 * 64);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 1);
+  PrefixHasher h((*first)->Root(), l.block_tokens);
+  for (size_t at = 0; at < tokens.size(); at += 4096)  // incrementally, as turns arrive
+    h.Extend(std::span(tokens).subspan(at, std::min<size_t>(4096, tokens.size() - at)));
+  const std::vector<BlockKey>& keys = h.keys();
+  std::vector<std::byte> blk(l.bytes_per_block() * keys.size(), std::byte{7});
+  std::vector<ConstBlock> blocks;
+  for (size_t i = 0; i < keys.size(); ++i)
+    blocks.emplace_back(blk.data() + i * l.bytes_per_block(), l.bytes_per_block());
+  auto s = (*first)->StoreKeys(keys, blocks);
+  if (!s.ok() || s->stored_blocks != keys.size()) {
+    std::fprintf(stderr, "kvtier bench serve: storing the chain failed\n");
+    return 1;
+  }
+  for (int clients : {1, 8}) {
+    std::vector<std::unique_ptr<Client>> cs;
+    for (int i = 0; i < clients; ++i) {
+      auto c = Connect(d, l);
+      if (!c.ok()) return 1;
+      cs.push_back(std::move(c).value());
+    }
+    const int per = std::max(1, o.lookups / clients);
+    std::vector<std::vector<double>> lk(clients), fl(clients);
+    std::vector<std::thread> ts;
+    bool ok = true;
+    for (int i = 0; i < clients; ++i) {
+      ts.emplace_back([&, i] {
+        for (int k = 0; k < per; ++k) {
+          auto t0 = Clock::now();
+          (void)cs[i]->Ping();
+          fl[i].push_back(Seconds(t0) * 1e6);
+          t0 = Clock::now();
+          auto lr = cs[i]->LookupKeys(keys);
+          lk[i].push_back(Seconds(t0) * 1e6);
+          if (!lr.ok() || lr->hit_blocks != keys.size()) ok = false;
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    if (!ok) {
+      std::fprintf(stderr, "kvtier bench serve: a lookup missed\n");
+      return 1;
+    }
+    std::vector<double> all, floor;
+    for (int i = 0; i < clients; ++i) {
+      all.insert(all.end(), lk[i].begin(), lk[i].end());
+      floor.insert(floor.end(), fl[i].begin(), fl[i].end());
+    }
+    const double p50 = Pct(all, 0.5), p99 = Pct(all, 0.99), f50 = Pct(floor, 0.5);
+    (*out)["lookup"].push_back({{"clients", clients},
+                                {"blocks", keys.size()},
+                                {"calls", all.size()},
+                                {"p50_us", p50},
+                                {"p99_us", p99},
+                                {"floor_p50_us", f50},
+                                {"bar_us", 2 * f50 + 20}});
+    if (!o.json)
+      std::printf(
+          "lookup 2000 blocks, %d clients: p50 %.1f us  p99 %.1f us  (empty round trip "
+          "p50 %.1f us; bar p50 <= %.1f us)\n",
+          clients, p50, p99, f50, 2 * f50 + 20);
+  }
+  return 0;
+}
+
+int Memory(const Opts& o, nlohmann::json* out) {
+  KvLayout l;  // 128-byte blocks: a million of them in a 128 MiB arena
+  l.num_layers = 1;
+  l.num_kv_heads = 1;
+  l.head_dim = 4;
+  l.dtype = DType::kFp32;
+  l.block_tokens = 4;
+  const uint64_t n = o.rss_blocks;
+  ChildDaemon d(HostOnly(l, n, false), TempSocket("rss"));
+  auto c = Connect(d, l);
+  if (!c.ok()) return 1;
+  const uint64_t before = d.RssOutsideArena();
+  std::vector<std::byte> blk(l.bytes_per_block() * 4096, std::byte{3});
+  std::vector<BlockKey> keys(4096);
+  std::vector<ConstBlock> blocks;
+  for (size_t i = 0; i < 4096; ++i)
+    blocks.emplace_back(blk.data() + i * l.bytes_per_block(), l.bytes_per_block());
+  uint64_t stored = 0;
+  for (uint64_t at = 0; at < n; at += 4096) {
+    const size_t m = static_cast<size_t>(std::min<uint64_t>(4096, n - at));
+    for (size_t i = 0; i < m; ++i) keys[i] = BlockKey{0xbe, at + i + 1};
+    auto s = (*c)->StoreKeys(std::span(keys).first(m), std::span(blocks).first(m));
+    if (s.ok()) stored += s->stored_blocks;
+  }
+  auto st = (*c)->GetDaemonStatus();
+  const uint64_t resident = st.ok() ? st->cache.tiers[0].resident_blocks : 0;
+  const uint64_t after = d.RssOutsideArena();
+  (*out)["rss_outside_arena_bytes"] = after;
+  (*out)["rss_outside_arena_before_bytes"] = before;
+  (*out)["resident_blocks"] = resident;
+  (*out)["rss_outside_arena_per_block"] = resident ? double(after) / resident : 0;
+  if (!o.json)
+    std::printf(
+        "daemon RSS outside the arena: %s with %llu resident blocks = %.1f B/block "
+        "(%s before any block; bar <= 256 B/block)\n",
+        FormatBytes(after).c_str(), (unsigned long long)resident,
+        resident ? double(after) / resident : 0.0, FormatBytes(before).c_str());
+  return stored == n ? 0 : 1;
+}
+
+}  // namespace
+
+KVTIER_REGISTER_COMMAND(bench_serve, ({"bench", "serve"}),
+                        "Daemon data plane, lookup latency and memory beside same-run baselines",
+                        [](CLI::App* app) -> RunFn {
+                          auto o = std::make_shared<Opts>();
+                          app->add_flag("--json", o->json, "JSON on stdout");
+                          app->add_option("--reps", o->reps, "repetitions (median), default 5");
+                          app->add_option("--lookups", o->lookups,
+                                          "lookups per client count, default 10000");
+                          app->add_option("--rss-blocks", o->rss_blocks,
+                                          "resident blocks for the memory figure, default 1M");
+                          app->add_option("--working-set", o->working_set,
+                                          "bytes per data-plane repetition, default 128MiB");
+                          return [o] {
+                            nlohmann::json out;
+                            out["data_plane"] = nlohmann::json::array();
+                            out["lookup"] = nlohmann::json::array();
+                            int rc = DataPlane(*o, &out);
+                            if (rc == 0) rc = ControlPlane(*o, &out);
+                            if (rc == 0) rc = Memory(*o, &out);
+                            if (o->json) std::printf("%s\n", out.dump(2).c_str());
+                            return rc;
+                          };
+                        });
+
+}  // namespace kvtier::cli

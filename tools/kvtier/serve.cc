@@ -1,0 +1,195 @@
+// kvtier serve: the node daemon (doc/serve.md); kvtier status / flush: its operator commands.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "command.h"
+#include "kvtier/client.h"
+#include "serve/serve_options.h"
+#include "serve/server.h"
+
+namespace kvtier::cli {
+namespace {
+
+Result<serve::ServeConfig> ReadConfig(const std::string& path) {
+  if (path.empty()) {
+    std::string why;
+    serve::ServeConfig c = serve::DefaultServeConfig(&why);
+    spdlog::info("kvtier serve: {}", why);
+    return c;
+  }
+  return serve::LoadServeConfigFile(path);
+}
+
+int RunServe(const std::string& config, const std::string& socket, const std::string& metrics) {
+  auto cfg = ReadConfig(config);
+  if (!cfg.ok()) {
+    spdlog::error("kvtier serve: {}", cfg.status().message());
+    return 2;
+  }
+  if (!socket.empty()) cfg->serve.socket_path = socket;
+  if (!metrics.empty()) cfg->serve.metrics_addr = metrics;
+  // Signals are taken by this thread alone (sigwait), so every server thread blocks them.
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto server = serve::Server::Start(cfg->cache, cfg->serve);
+  if (!server.ok()) {
+    spdlog::error("kvtier serve: {}", server.status().message());
+    return 1;
+  }
+  spdlog::info("kvtier serve: pid {} serving {} on {} (protocol {}, lease {} ms)", getpid(),
+               cfg->cache.layout.ToString(), (*server)->socket_path(), serve::kProtocolVersion,
+               cfg->serve.lease_ms);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      if (config.empty()) {
+        spdlog::info("kvtier serve: SIGHUP: no --config to reload");
+        continue;
+      }
+      auto again = serve::LoadServeConfigFile(config);
+      if (!again.ok()) {
+        spdlog::error("kvtier serve: SIGHUP: keeping the running config: {}",
+                      again.status().message());
+        continue;
+      }
+      if (!socket.empty()) again->serve.socket_path = socket;
+      for (const std::string& line : (*server)->Reload(again->cache, again->serve))
+        spdlog::warn("kvtier serve: SIGHUP: {}", line);
+      spdlog::info("kvtier serve: SIGHUP: reloaded {}", config);
+      continue;
+    }
+    spdlog::info("kvtier serve: {}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    (*server)->Stop();
+    server->reset();
+    spdlog::info("kvtier serve: stopped");
+    return 0;
+  }
+}
+
+Result<std::unique_ptr<Client>> Operator(const std::string& socket, uint32_t timeout_ms) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.timeout_ms = timeout_ms;
+  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Open(o));
+  if (!c->connected())
+    return Status::Unavailable("no daemon answers on " +
+                               (socket.empty() ? DefaultSocketPath() : socket));
+  return c;
+}
+
+RunFn SetupServe(CLI::App* app) {
+  auto config = std::make_shared<std::string>();
+  auto socket = std::make_shared<std::string>();
+  auto metrics = std::make_shared<std::string>();
+  app->add_option("--config", *config, "YAML config (cache keys + serve: section)");
+  app->add_option("--socket", *socket, "Unix socket path (default " + DefaultSocketPath() + ")");
+  app->add_option("--metrics-addr", *metrics, "HOST:PORT for GET /metrics (overrides the config)");
+  return [=] { return RunServe(*config, *socket, *metrics); };
+}
+
+int RunStatus(const std::string& socket, bool json, uint32_t timeout_ms) {
+  auto c = Operator(socket, timeout_ms);
+  if (!c.ok()) {
+    std::fprintf(stderr, "kvtier status: %s\n", c.status().message().c_str());
+    return 1;
+  }
+  auto d = (*c)->GetDaemonStatus();
+  if (!d.ok()) {
+    std::fprintf(stderr, "kvtier status: %s\n", d.status().message().c_str());
+    return 1;
+  }
+  const CacheStats& s = d->cache;
+  const double hit_rate = s.lookup_blocks ? double(s.hit_blocks) / s.lookup_blocks : 0;
+  nlohmann::json j;
+  j["pid"] = d->pid;
+  j["clients"] = d->clients;
+  j["leases"] = d->leases;
+  j["reservations"] = d->reservations;
+  j["refused"] = d->refused;
+  j["protocol_errors"] = d->disconnects;
+  j["lookups"] = s.lookups;
+  j["lookup_blocks"] = s.lookup_blocks;
+  j["hit_blocks"] = s.hit_blocks;
+  j["hit_rate"] = hit_rate;
+  j["stores"] = s.stores;
+  j["stored_blocks"] = s.stored_blocks;
+  j["tiers"] = nlohmann::json::array();
+  for (const auto& t : s.tiers) {
+    nlohmann::json tj;
+    tj["name"] = t.name;
+    tj["kind"] = std::string(TierKindName(t.kind));
+    tj["resident_blocks"] = t.resident_blocks;
+    tj["used_bytes"] = t.tier.used_bytes;
+    tj["capacity_bytes"] = t.tier.capacity_bytes;
+    tj["hit_blocks"] = t.hit_blocks;
+    tj["evictions"] = t.evictions;
+    j["tiers"].push_back(tj);
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("daemon pid %llu: %llu clients, %llu leases, %llu reservations, %llu refused\n",
+              (unsigned long long)d->pid, (unsigned long long)d->clients,
+              (unsigned long long)d->leases, (unsigned long long)d->reservations,
+              (unsigned long long)d->refused);
+  std::printf("lookups %llu, blocks %llu, hits %llu (%.1f%%), stores %llu (%llu blocks)\n",
+              (unsigned long long)s.lookups, (unsigned long long)s.lookup_blocks,
+              (unsigned long long)s.hit_blocks, 100 * hit_rate, (unsigned long long)s.stores,
+              (unsigned long long)s.stored_blocks);
+  for (const auto& t : s.tiers)
+    std::printf("  tier %-8s %-6s %10llu blocks  %s / %s  hits %llu  evictions %llu\n",
+                t.name.c_str(), std::string(TierKindName(t.kind)).c_str(),
+                (unsigned long long)t.resident_blocks, FormatBytes(t.tier.used_bytes).c_str(),
+                FormatBytes(t.tier.capacity_bytes).c_str(), (unsigned long long)t.hit_blocks,
+                (unsigned long long)t.evictions);
+  return 0;
+}
+
+RunFn SetupStatus(CLI::App* app) {
+  auto socket = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  auto timeout = std::make_shared<uint32_t>(2000);
+  app->add_option("--socket", *socket, "the daemon's socket");
+  app->add_flag("--json", *json, "JSON on stdout");
+  app->add_option("--timeout-ms", *timeout, "deadline (default 2000)");
+  return [=] { return RunStatus(*socket, *json, *timeout); };
+}
+
+RunFn SetupFlush(CLI::App* app) {
+  auto socket = std::make_shared<std::string>();
+  app->add_option("--socket", *socket, "the daemon's socket");
+  return [=] {
+    auto c = Operator(*socket, 10000);
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvtier flush: %s\n", c.status().message().c_str());
+      return 1;
+    }
+    auto n = (*c)->Flush();
+    if (!n.ok()) {
+      std::fprintf(stderr, "kvtier flush: %s\n", n.status().message().c_str());
+      return 1;
+    }
+    std::printf("flushed %llu blocks\n", (unsigned long long)*n);
+    return 0;
+  };
+}
+
+}  // namespace
+
+KVTIER_REGISTER_COMMAND(serve, ({"serve"}), "Run the node daemon: one KV cache for every engine",
+                        SetupServe);
+KVTIER_REGISTER_COMMAND(status, ({"status"}), "The daemon's tiers, occupancy, clients, hit rates",
+                        SetupStatus);
+KVTIER_REGISTER_COMMAND(flush, ({"flush"}),
+                        "Drop every unpinned block of the daemon's memory tiers", SetupFlush);
+
+}  // namespace kvtier::cli
