@@ -88,6 +88,33 @@ KVTIER_C_EXPORT kvtier_code kvtier_cache_open_yaml(const char* yaml_text, const 
 /* Same, reading the YAML from a file. */
 KVTIER_C_EXPORT kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out);
 
+/* How to reach the node's `kvtier serve` daemon (doc/serve.md). Zero / NULL fields take the
+ * defaults named beside them. */
+typedef struct kvtier_client_options {
+  const char* socket_path; /* NULL = $XDG_RUNTIME_DIR/kvtier/kvtier.sock or /run/kvtier/... */
+  uint32_t num_layers;     /* the engine's block layout; must equal the daemon's */
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t block_tokens;      /* 0 = 64 */
+  const char* dtype;          /* "bf16" (NULL), "fp16", "fp8", "fp32" */
+  const char* attention;      /* "mha" (NULL; covers GQA), "mla" */
+  const char* model_id;       /* NULL = "default" */
+  const char* model_revision; /* a hash of the weights or a revision string: keeps checkpoints
+                                 served under one model_id apart */
+  const char* tenant;         /* NULL = the default tenant */
+  const char* lora_id;
+  const char* token;   /* proves a token-bound tenant */
+  uint32_t timeout_ms; /* every call's deadline; 0 = 1000 */
+} kvtier_client_options;
+
+/* Connects to the daemon. A daemon that is not running is no error: the cache starts
+ * disconnected, answers misses within the deadline and reconnects in the background.
+ * INVALID_ARGUMENT for bad options or when the daemon refuses this client (protocol version,
+ * layout, credentials; the message names both sides). On success *out is freed with
+ * kvtier_cache_close(). */
+KVTIER_C_EXPORT kvtier_code kvtier_client_open(const kvtier_client_options* options,
+                                               kvtier_cache** out);
+
 /* Frees a cache and its tiers (after every lookup it made was freed). NULL is a no-op. */
 KVTIER_C_EXPORT void kvtier_cache_close(kvtier_cache* cache);
 

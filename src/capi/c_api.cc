@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvtier/cache.h"
+#include "kvtier/client.h"
 #include "kvtier/config.h"
 #include "kvtier/kv_cache.h"
 
@@ -134,6 +135,45 @@ kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out) {
     if (path == nullptr)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_file: path is NULL");
     return OpenFrom(kvtier::LoadCacheOptionsFile(path), out);
+  });
+}
+
+kvtier_code kvtier_client_open(const kvtier_client_options* options, kvtier_cache** out) {
+  return Guard("kvtier_client_open", [&] {
+    if (out == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_client_open: out is NULL");
+    *out = nullptr;
+    if (options == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_client_open: options is NULL");
+    kvtier::ClientOptions o;
+    if (options->socket_path != nullptr) o.socket_path = options->socket_path;
+    o.layout.num_layers = options->num_layers;
+    o.layout.num_kv_heads = options->num_kv_heads;
+    o.layout.head_dim = options->head_dim;
+    o.layout.block_tokens = options->block_tokens ? options->block_tokens : 64;
+    if (options->dtype != nullptr) {
+      auto d = kvtier::ParseDType(options->dtype);
+      if (!d)
+        return Fail(KVTIER_INVALID_ARGUMENT,
+                    std::string("kvtier_client_open: dtype '") + options->dtype + "' is unknown");
+      o.layout.dtype = *d;
+    }
+    if (options->attention != nullptr) {
+      auto a = kvtier::ParseAttentionKind(options->attention);
+      if (!a)
+        return Fail(KVTIER_INVALID_ARGUMENT, std::string("kvtier_client_open: attention '") +
+                                                 options->attention + "' is unknown");
+      o.layout.attention = *a;
+    }
+    if (options->model_id != nullptr) o.model_id = options->model_id;
+    if (options->model_revision != nullptr) o.model_revision = options->model_revision;
+    if (options->tenant != nullptr) o.tenant = options->tenant;
+    if (options->lora_id != nullptr) o.lora_id = options->lora_id;
+    if (options->token != nullptr) o.token = options->token;
+    if (options->timeout_ms != 0) o.timeout_ms = options->timeout_ms;
+    auto client = kvtier::Client::Open(std::move(o));
+    if (!client.ok()) return Report(client.status());
+    *out = new kvtier_cache{std::move(client).value()};
+    return KVTIER_OK;
   });
 }
 

@@ -21,7 +21,74 @@ static const char* kConfig =
     "tiers:\n"
     "  - {kind: host, capacity: 1MiB}\n";
 
-int main(void) {
+/* The same round trip through a running `kvtier serve` on `socket`, and a client of a daemon that
+ * is not there: misses within the deadline, never a hang. */
+static int ThroughDaemon(const char* socket) {
+  kvtier_client_options o;
+  memset(&o, 0, sizeof o);
+  o.socket_path = socket;
+  o.num_layers = 2;
+  o.num_kv_heads = 2;
+  o.head_dim = 16;
+  o.block_tokens = 16;
+  o.dtype = "fp16";
+  o.model_id = "c-consumer";
+  o.model_revision = "weights-sha256:0123";
+  o.timeout_ms = 2000;
+  kvtier_cache* cache = NULL;
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_OK);
+  const uint64_t bb = kvtier_cache_block_bytes(cache);
+  enum { kBlocks = 3 };
+  uint32_t tokens[kBlocks * 16];
+  for (size_t i = 0; i < sizeof tokens / sizeof tokens[0]; ++i) tokens[i] = (uint32_t)(i * 5 + 3);
+  unsigned char* src = malloc(kBlocks * bb);
+  unsigned char* dst = calloc(kBlocks, bb);
+  CHECK(src != NULL && dst != NULL);
+  const void* in[kBlocks];
+  void* out[kBlocks];
+  for (int b = 0; b < kBlocks; ++b) {
+    for (uint64_t i = 0; i < bb; ++i) src[b * bb + i] = (unsigned char)(b * 17 + i * 3);
+    in[b] = src + b * bb;
+    out[b] = dst + b * bb;
+  }
+  kvtier_store_result sr;
+  CHECK(kvtier_store(cache, tokens, kBlocks * 16, in, kBlocks, 0, NULL, &sr) == KVTIER_OK);
+  CHECK(sr.stored_blocks == kBlocks);
+  kvtier_lookup* lk = NULL;
+  CHECK(kvtier_lookup_tokens(cache, tokens, kBlocks * 16, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == kBlocks);
+  uint32_t loaded = 0;
+  CHECK(kvtier_load(cache, lk, out, kBlocks, &loaded) == KVTIER_OK);
+  CHECK(loaded == kBlocks);
+  CHECK(memcmp(src, dst, kBlocks * bb) == 0);
+  kvtier_lookup_free(lk);
+  kvtier_cache_close(cache);
+
+  /* Another revision of the weights never sees these blocks. */
+  o.model_revision = "weights-sha256:4567";
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_OK);
+  CHECK(kvtier_lookup_tokens(cache, tokens, kBlocks * 16, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 0);
+  kvtier_lookup_free(lk);
+  kvtier_cache_close(cache);
+
+  /* No daemon: a miss, within the deadline. */
+  o.socket_path = "/nonexistent/kvtier.sock";
+  o.timeout_ms = 200;
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_OK);
+  CHECK(kvtier_lookup_tokens(cache, tokens, kBlocks * 16, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 0);
+  kvtier_lookup_free(lk);
+  kvtier_cache_close(cache);
+  free(src);
+  free(dst);
+  printf("c_consumer: stored and loaded %d blocks through the daemon's shared arena\n", kBlocks);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "--daemon") == 0) return ThroughDaemon(argv[2]);
+
   CHECK(kvtier_api_version() == KVTIER_C_API_VERSION);
   CHECK(strlen(kvtier_version()) > 0);
 
