@@ -11,7 +11,8 @@ namespace kvtier::sim {
 namespace {
 
 nlohmann::json PercentilesJson(const Percentiles& p) {
-  return {{"mean", p.mean}, {"p50", p.p50}, {"p90", p.p90}, {"p95", p.p95}, {"p99", p.p99}};
+  return {{"mean", p.mean}, {"p50", p.p50}, {"p75", p.p75},
+          {"p90", p.p90},   {"p95", p.p95}, {"p99", p.p99}};
 }
 
 std::string Esc(const std::string& s) {
@@ -161,6 +162,15 @@ std::string Chart(const std::string& title, const std::string& xl, const std::st
   return s + "</svg>";
 }
 
+std::string DefinitionsHtml(const nlohmann::json& defs) {
+  std::string s = "<h2>Definitions</h2><dl>";
+  for (auto it = defs.begin(); it != defs.end(); ++it) {
+    s += "<dt><code>" + Esc(it.key()) + "</code></dt><dd>" + Esc(it.value().get<std::string>()) +
+         "</dd>";
+  }
+  return s + "</dl>";
+}
+
 std::string Page(const std::string& title, const std::string& body) {
   return "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" + Esc(title) +
          "</title><style>body{font-family:sans-serif;max-width:800px;margin:20px auto}"
@@ -171,6 +181,58 @@ std::string Page(const std::string& title, const std::string& body) {
 
 }  // namespace
 
+nlohmann::json TimedMetricDefinitions() {
+  return {
+      {"hit_rate",
+       "prompt tokens not recomputed (HBM hits + tokens loaded from host, SSD or remote) / all "
+       "prompt tokens, token-weighted over the measured requests"},
+      {"ideal_hit_rate",
+       "the same requests against an infinite cache: leading blocks seen before, in tokens / all "
+       "prompt tokens"},
+      {"hbm_hit_share", "prompt tokens found in HBM / all prompt tokens (InferenceX 'HBM hit')"},
+      {"dram_hit_share",
+       "prompt tokens loaded from host DRAM / all prompt tokens (InferenceX 'DRAM hit')"},
+      {"ttft_s", "request arrival to its first token (queueing, loads and prefill)"},
+      {"itl_s",
+       "inter-token latency: one sample per output token after the first (decode step / "
+       "speculative acceptance length); percentiles over tokens"},
+      {"tpot_s",
+       "per request, its decode time per output token (decode step / speculative acceptance "
+       "length, fixed when its decode starts); percentiles over requests"},
+      {"interactivity_tokens_per_s",
+       "InferenceX: 1 / percentile(ITL) at p50, p75 and p90, tokens/s per user; the headline is "
+       "p90's"},
+      {"throughput_per_gpu",
+       "tokens / measured seconds / GPUs (replicas x tp); input counts every prompt token, cached "
+       "ones included; total = input + output"},
+      {"concurrency_live_trees",
+       "InferenceX concurrency: session trees (a session and its sub-agents) live at once, "
+       "time-averaged over the measured window; 'concurrency' is the target"},
+      {"measured_window_s",
+       "metrics cover requests that arrive in [start, start + length); without --window-s the "
+       "whole run"},
+  };
+}
+
+nlohmann::json CacheMetricDefinitions() {
+  return {
+      {"hit_rate",
+       "token-weighted: sum of hit tokens / sum of prompt tokens (hit tokens = min(leading "
+       "cached blocks x block size, prompt tokens))"},
+      {"per_request_mean_hit_rate",
+       "Mooncake FAST'25 capacity curve: the mean over requests of hit tokens / prompt tokens"},
+      {"ideal", "the same replay with an infinite cache"},
+      {"min", "Belady's MIN, block-granular, descendants evicted first among equal next uses"},
+  };
+}
+
+void PrintDefinitions(const nlohmann::json& defs, std::FILE* out) {
+  std::fprintf(out, "definitions:\n");
+  for (auto it = defs.begin(); it != defs.end(); ++it) {
+    std::fprintf(out, "  %s: %s\n", it.key().c_str(), it.value().get<std::string>().c_str());
+  }
+}
+
 nlohmann::json TimedJson(const TimedResult& r) {
   nlohmann::json j;
   j["mode"] = "timed";
@@ -178,7 +240,12 @@ nlohmann::json TimedJson(const TimedResult& r) {
   j["model"] = r.model;
   j["policy"] = r.policy;
   j["concurrency"] = r.concurrency;
+  j["concurrency_live_trees"] = r.live_trees_mean;
   j["replicas"] = r.replicas;
+  j["dp"] = r.dp;
+  j["dp_routing"] = r.dp_round_robin ? "round-robin" : "affinity";
+  j["agentx_rules"] = r.agentx_rules;
+  j["measured_window_s"] = {{"start", r.window_start_s}, {"length", r.measured_s}};
   j["tp"] = r.tp;
   j["block_bytes"] = r.block_bytes;
   j["capacity_tokens"] = r.capacity_tokens;
@@ -189,6 +256,8 @@ nlohmann::json TimedJson(const TimedResult& r) {
   j["hit_tokens"] = r.prompt_tokens - r.recomputed;
   j["hit_rate"] = r.hit_rate();
   j["ideal_hit_rate"] = r.ideal_hit_rate;
+  j["hbm_hit_share"] = r.hbm_hit_share();
+  j["dram_hit_share"] = r.dram_hit_share();
   j["tokens_by_source"] = {{"hbm", r.hbm_tokens},
                            {"host", r.host_tokens},
                            {"disk", r.disk_tokens},
@@ -198,10 +267,13 @@ nlohmann::json TimedJson(const TimedResult& r) {
   j["ttft_s"] = PercentilesJson(r.ttft_s);
   j["tpot_s"] = PercentilesJson(r.tpot_s);
   j["e2e_s"] = PercentilesJson(r.e2e_s);
+  j["itl_s"] = PercentilesJson(r.itl_s);
   j["makespan_s"] = r.makespan_s;
   j["throughput_per_gpu"] = {{"input_tokens_per_s", r.input_tokens_per_s_per_gpu},
-                             {"output_tokens_per_s", r.output_tokens_per_s_per_gpu}};
-  j["interactivity_tokens_per_s"] = r.interactivity;
+                             {"output_tokens_per_s", r.output_tokens_per_s_per_gpu},
+                             {"total_tokens_per_s", r.total_tokens_per_s_per_gpu}};
+  j["interactivity_tokens_per_s"] = {
+      {"p50", r.interactivity_p50}, {"p75", r.interactivity_p75}, {"p90", r.interactivity}};
   nlohmann::json tiers = nlohmann::json::array();
   for (size_t i = 0; i < r.tiers.size(); ++i) {
     const auto& t = r.tiers[i];
@@ -216,6 +288,7 @@ nlohmann::json TimedJson(const TimedResult& r) {
   j["tiers"] = tiers;
   j["occupancy_t_s"] = r.occupancy_t;
   j["wall_s"] = r.wall_s;
+  j["metric_definitions"] = TimedMetricDefinitions();
   return j;
 }
 
@@ -239,23 +312,39 @@ void PrintTimedTable(const TimedResult& r, std::FILE* out) {
   };
   row("TTFT s", r.ttft_s);
   row("TPOT s", r.tpot_s);
+  row("ITL s", r.itl_s);
   row("E2E s", r.e2e_s);
-  std::fprintf(
-      out, "throughput per GPU: %.0f input tok/s, %.1f output tok/s; interactivity %.1f tok/s\n",
-      r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu, r.interactivity);
+  std::fprintf(out,
+               "throughput per GPU: %.0f input tok/s (cached included), %.1f output tok/s, %.0f "
+               "total; interactivity (1/ITL) p50 %.1f, p75 %.1f, p90 %.1f tok/s per user\n",
+               r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu,
+               r.total_tokens_per_s_per_gpu, r.interactivity_p50, r.interactivity_p75,
+               r.interactivity);
+  std::fprintf(out,
+               "HBM hit %.1f%%, DRAM hit %.1f%% of all prompt tokens; live session trees %.1f "
+               "(target %u); measured [%.0f s, +%.0f s)%s%s\n",
+               100 * r.hbm_hit_share(), 100 * r.dram_hit_share(), r.live_trees_mean, r.concurrency,
+               r.window_start_s, r.measured_s, r.agentx_rules ? "; AgentX rules" : "",
+               r.dp > 1 ? (std::string("; dp ") + std::to_string(r.dp) +
+                           (r.dp_round_robin ? " round-robin" : " affinity"))
+                              .c_str()
+                        : "");
   for (const auto& t : r.tiers) {
     std::fprintf(
         out, "tier %-6s capacity %10llu blocks, peak %10llu; loaded %8.2f GB, stored %8.2f GB\n",
         t.tier.c_str(), static_cast<unsigned long long>(t.capacity_blocks),
         static_cast<unsigned long long>(t.peak_blocks), t.load_bytes / 1e9, t.store_bytes / 1e9);
   }
+  PrintDefinitions(TimedMetricDefinitions(), out);
 }
 
 std::string TimedCsv(const std::vector<TimedResult>& runs) {
   std::string s =
       "gpu,model,policy,concurrency,replicas,tp,tiers,requests,prompt_tokens,hbm,host,disk,"
       "remote,recomputed,hit_rate,ideal_hit_rate,ttft_mean,ttft_p50,ttft_p90,ttft_p95,ttft_p99,"
-      "tpot_mean,e2e_mean,input_tps_per_gpu,output_tps_per_gpu,interactivity\n";
+      "tpot_mean,e2e_mean,input_tps_per_gpu,output_tps_per_gpu,interactivity_p90,"
+      "interactivity_p50,interactivity_p75,total_tps_per_gpu,hbm_hit_share,dram_hit_share,"
+      "live_trees,dp\n";
   for (const auto& r : runs) {
     std::string tiers;
     for (const auto& t : r.tiers) tiers += (tiers.empty() ? "" : "+") + t.tier;
@@ -263,7 +352,7 @@ std::string TimedCsv(const std::vector<TimedResult>& runs) {
     std::snprintf(
         b, sizeof b,
         "%s,%s,%s,%u,%u,%u,%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu,%.6f,%.6f,%.4f,%.4f,%.4f,"
-        "%.4f,%.4f,%.5f,%.4f,%.1f,%.2f,%.2f\n",
+        "%.4f,%.4f,%.5f,%.4f,%.1f,%.2f,%.2f,%.2f,%.2f,%.1f,%.6f,%.6f,%.2f,%u\n",
         r.gpu.c_str(), r.model.c_str(), r.policy.c_str(), r.concurrency, r.replicas, r.tp,
         tiers.c_str(), static_cast<unsigned long long>(r.requests),
         static_cast<unsigned long long>(r.prompt_tokens),
@@ -273,7 +362,9 @@ std::string TimedCsv(const std::vector<TimedResult>& runs) {
         static_cast<unsigned long long>(r.remote_tokens),
         static_cast<unsigned long long>(r.recomputed), r.hit_rate(), r.ideal_hit_rate,
         r.ttft_s.mean, r.ttft_s.p50, r.ttft_s.p90, r.ttft_s.p95, r.ttft_s.p99, r.tpot_s.mean,
-        r.e2e_s.mean, r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu, r.interactivity);
+        r.e2e_s.mean, r.input_tokens_per_s_per_gpu, r.output_tokens_per_s_per_gpu, r.interactivity,
+        r.interactivity_p50, r.interactivity_p75, r.total_tokens_per_s_per_gpu, r.hbm_hit_share(),
+        r.dram_hit_share(), r.live_trees_mean, r.dp);
     s += b;
   }
   return s;
@@ -344,6 +435,7 @@ std::string TimedHtml(const std::vector<TimedResult>& runs, const std::string& t
             F(r.output_tokens_per_s_per_gpu, 1) + "</td></tr>";
   }
   body += "</table>";
+  body += DefinitionsHtml(TimedMetricDefinitions());
   return Page(title, body);
 }
 
@@ -365,6 +457,7 @@ std::string CacheCompareHtml(const CacheCompareResult& r, const std::string& tit
                                              : 0) +
       "x mean live context); cache hits drawn as HBM.</p>";
   body += HitBars(labels, splits, ideal);
+  body += DefinitionsHtml(CacheMetricDefinitions());
   return Page(title, body);
 }
 
