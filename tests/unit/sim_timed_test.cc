@@ -2,6 +2,7 @@
 // planner behave as the cost model says; profiles load and validate.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -10,6 +11,7 @@
 #include "sim/profiles.h"
 #include "sim/report.h"
 #include "sim/timed_replay.h"
+#include "sim/trace_stats.h"
 #include "workload/readers.h"
 
 namespace kvtier::sim {
@@ -275,6 +277,24 @@ TEST(CacheOnly, PerRequestMeanIsTheMeanOfEachRequestsShare) {
   // Requests: 640 (0 hit), 128 (0), 192 (128 hit), 704 (640 hit).
   EXPECT_DOUBLE_EQ(r->hit_rate(), (128.0 + 640) / (640 + 128 + 192 + 704));
   EXPECT_DOUBLE_EQ(r->per_request_mean_hit_rate(), (128.0 / 192 + 640.0 / 704) / 4);
+}
+
+TEST(TraceStats, ConsecutiveOverlapPerConversation) {
+  const workload::Trace t = HandTrace();
+  workload::Trace other = HandTrace();
+  other.name = "other";
+  other.sessions.resize(1);  // the parent alone: 640 of 640 + 704 tokens overlap
+  const std::vector<workload::Trace> ts = {t, other};
+  const TraceStatsSummary s = ComputeTraceStats(ts);
+  ASSERT_EQ(s.conversations.size(), 2u);
+  // Parent: request 2 repeats request 1's 10 blocks; sub-agent: 2 blocks of its first request.
+  EXPECT_EQ(s.conversations[0].overlap_tokens, 640u + 128);
+  EXPECT_EQ(s.conversations[0].prompt_tokens, 640u + 704 + 128 + 192);
+  const double a = 768.0 / 1664, b = 640.0 / 1344;
+  EXPECT_DOUBLE_EQ(s.min, std::min(a, b));
+  EXPECT_DOUBLE_EQ(s.mean, (a + b) / 2);
+  EXPECT_DOUBLE_EQ(s.median, (a + b) / 2);
+  EXPECT_DOUBLE_EQ(s.p25, std::min(a, b) + 0.25 * std::fabs(a - b));
 }
 
 TEST(Profiles, BuiltinsLoadAndBadOnesNameTheField) {
