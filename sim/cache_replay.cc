@@ -15,7 +15,11 @@ struct Tally {
   void Request(const workload::ReplayRequest& q, uint64_t matched) {
     ++r->requests;
     r->prompt_tokens += q.prompt_tokens;
-    r->hit_tokens += std::min<uint64_t>(matched * q.block_tokens, q.prompt_tokens);
+    const uint64_t hit = std::min<uint64_t>(matched * q.block_tokens, q.prompt_tokens);
+    r->hit_tokens += hit;
+    if (q.prompt_tokens > 0) {
+      r->request_hit_sum += static_cast<double>(hit) / static_cast<double>(q.prompt_tokens);
+    }
     r->blocks += q.ids.size();
     r->hit_blocks += matched;
   }

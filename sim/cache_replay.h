@@ -49,8 +49,9 @@ struct CacheReplayResult {
   uint64_t requests = 0;
   uint64_t prompt_tokens = 0;
   uint64_t hit_tokens = 0;
-  uint64_t blocks = 0;      // block touches
-  uint64_t hit_blocks = 0;  // blocks in matched prefixes
+  double request_hit_sum = 0;  // sum over requests of hit tokens / prompt tokens
+  uint64_t blocks = 0;         // block touches
+  uint64_t hit_blocks = 0;     // blocks in matched prefixes
   uint64_t inserted_blocks = 0;
   uint64_t evicted_blocks = 0;
   uint64_t peak_resident_blocks = 0;
@@ -59,6 +60,10 @@ struct CacheReplayResult {
 
   double hit_rate() const {
     return prompt_tokens ? static_cast<double>(hit_tokens) / static_cast<double>(prompt_tokens) : 0;
+  }
+  // Mooncake FAST'25's definition: the mean over requests of each one's hit share.
+  double per_request_mean_hit_rate() const {
+    return requests ? request_hit_sum / static_cast<double>(requests) : 0;
   }
 };
 

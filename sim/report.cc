@@ -18,6 +18,7 @@ nlohmann::json PolicyJson(const CacheReplayResult& p, const CacheCompareResult& 
   j["prompt_tokens"] = p.prompt_tokens;
   j["hit_tokens"] = p.hit_tokens;
   j["hit_rate"] = p.hit_rate();
+  j["per_request_mean_hit_rate"] = p.per_request_mean_hit_rate();
   j["share_of_ideal"] = Share(p.hit_rate(), r.ideal.hit_rate());
   j["share_of_min"] = r.min ? nlohmann::json(Share(p.hit_rate(), r.min->hit_rate())) : nullptr;
   j["points_over_best_lru"] = r.best_lru_hit_rate >= 0
@@ -77,6 +78,8 @@ nlohmann::json CacheCompareJson(const CacheCompareResult& r,
     j["min"] = nullptr;
     j["min_skipped"] = r.min_skipped;
   }
+  j["per_request_mean_hit_rate"] = first.per_request_mean_hit_rate();
+  j["metric_definitions"] = CacheMetricDefinitions();
   return j;
 }
 
@@ -90,8 +93,8 @@ void PrintCacheCompareTable(const CacheCompareResult& r, std::FILE* out) {
                Share(static_cast<double>(r.capacity_tokens), r.stats.live_context_mean_tokens),
                r.stats.live_context_mean_tokens,
                static_cast<unsigned long long>(r.stats.live_context_peak_tokens));
-  std::fprintf(out, "%-10s %9s %9s %9s %10s %9s %10s\n", "policy", "hit rate", "of ideal", "of MIN",
-               "vs bestLRU", "seconds", "Mblocks/s");
+  std::fprintf(out, "%-10s %9s %9s %9s %9s %10s %9s %10s\n", "policy", "hit rate", "req mean",
+               "of ideal", "of MIN", "vs bestLRU", "seconds", "Mblocks/s");
   auto row = [&](const CacheReplayResult& p) {
     char min_share[16] = "-";
     if (r.min)
@@ -101,9 +104,10 @@ void PrintCacheCompareTable(const CacheCompareResult& r, std::FILE* out) {
     if (r.best_lru_hit_rate >= 0) {
       std::snprintf(vs, sizeof vs, "%+.2f pt", 100 * (p.hit_rate() - r.best_lru_hit_rate));
     }
-    std::fprintf(out, "%-10s %8.2f%% %8.1f%% %9s %10s %9.2f %10.1f\n", p.policy.c_str(),
-                 100 * p.hit_rate(), 100 * Share(p.hit_rate(), r.ideal.hit_rate()), min_share, vs,
-                 p.seconds, p.seconds > 0 ? p.blocks / p.seconds / 1e6 : 0.0);
+    std::fprintf(out, "%-10s %8.2f%% %8.2f%% %8.1f%% %9s %10s %9.2f %10.1f\n", p.policy.c_str(),
+                 100 * p.hit_rate(), 100 * p.per_request_mean_hit_rate(),
+                 100 * Share(p.hit_rate(), r.ideal.hit_rate()), min_share, vs, p.seconds,
+                 p.seconds > 0 ? p.blocks / p.seconds / 1e6 : 0.0);
   };
   row(r.ideal);
   if (r.min) {
@@ -122,6 +126,7 @@ void PrintCacheCompareTable(const CacheCompareResult& r, std::FILE* out) {
                      ? r.baseline->blocks / r.baseline->read_and_hash_s / 1e6
                      : 0.0);
   }
+  PrintDefinitions(CacheMetricDefinitions(), out);
 }
 
 std::string CacheCompareCsv(const CacheCompareResult& r) {

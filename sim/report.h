@@ -26,6 +26,12 @@ void PrintCacheCompareTable(const CacheCompareResult& r, std::FILE* out);
 // One CSV row per policy (header first).
 std::string CacheCompareCsv(const CacheCompareResult& r);
 
+// What each reported number means, as {"name": "definition"}: every report carries these
+// (JSON "metric_definitions", the table's footer, the HTML page's "Definitions").
+nlohmann::json TimedMetricDefinitions();
+nlohmann::json CacheMetricDefinitions();
+void PrintDefinitions(const nlohmann::json& defs, std::FILE* out);
+
 nlohmann::json TimedJson(const TimedResult& r);
 void PrintTimedTable(const TimedResult& r, std::FILE* out);
 std::string TimedCsv(const std::vector<TimedResult>& runs);

@@ -71,7 +71,8 @@ struct Channel {
 };
 
 struct Replica {
-  std::unique_ptr<SimTier> hbm, host, disk;
+  std::vector<std::unique_ptr<SimTier>> ranks;  // HBM, one pool per data-parallel rank
+  std::unique_ptr<SimTier> host, disk;
   Channel link;  // GPU <-> host, shared by loads and stores
   Channel disk_io;
   Channel nic;  // to the remote tier
@@ -95,16 +96,54 @@ struct Run {  // one live session
   uint64_t sim_id;  // unique session id for policies and the hasher
   BlockKey root;
   double started_s = 0;
+  double skip_s = 0;  // AgentX rules: recorded time skipped before the first replayed request
+  uint32_t rank = 0;  // data-parallel rank under session affinity
 };
 
 struct InFlight {
   uint32_t run;
+  uint32_t rank = 0;
+  bool measured = true;  // arrived inside the measuring window
   double arrive_s;
   double first_token_s = 0;
   uint64_t context_tokens = 0;
   uint32_t output_tokens = 0;
   std::vector<BlockKey> keys;
 };
+
+uint64_t Mix(uint64_t x) {  // splitmix64: a well-spread hash of a session id
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Percentiles of values weighted by counts (each value stands for `weight` samples).
+Percentiles WeightedPercentiles(std::vector<std::pair<double, double>> v) {
+  Percentiles p;
+  double total = 0, sum = 0;
+  for (auto [x, w] : v) {
+    total += w;
+    sum += x * w;
+  }
+  if (total <= 0) return p;
+  std::sort(v.begin(), v.end());
+  p.mean = sum / total;
+  auto at = [&](double q) {
+    double seen = 0;
+    for (auto [x, w] : v) {
+      seen += w;
+      if (seen >= q * total) return x;
+    }
+    return v.back().first;
+  };
+  p.p50 = at(0.50);
+  p.p75 = at(0.75);
+  p.p90 = at(0.90);
+  p.p95 = at(0.95);
+  p.p99 = at(0.99);
+  return p;
+}
 
 }  // namespace
 
@@ -129,6 +168,13 @@ Status TimedOptions::Validate() const {
     return Status::InvalidArgument("remote needs a bandwidth");
   }
   if (!(mfu >= 0 && mfu <= 1)) return Status::InvalidArgument("mfu must be in [0, 1]");
+  if (dp == 0) return Status::InvalidArgument("dp must be >= 1");
+  if (!(spec_acceptance_length == 0 || spec_acceptance_length >= 1)) {
+    return Status::InvalidArgument("spec acceptance length must be >= 1 (0 = the model's)");
+  }
+  if (warmup_s < 0 || window_s < 0 || max_idle_s < 0) {
+    return Status::InvalidArgument("warmup, window and idle cap must be >= 0");
+  }
   return Status::Ok();
 }
 
@@ -146,6 +192,7 @@ Percentiles ComputePercentiles(std::vector<double> v) {
     return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
   };
   p.p50 = at(0.50);
+  p.p75 = at(0.75);
   p.p90 = at(0.90);
   p.p95 = at(0.95);
   p.p99 = at(0.99);
@@ -174,6 +221,12 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   res.policy = o.policy;
   res.concurrency = o.concurrency;
   res.replicas = o.replicas;
+  res.dp = o.dp;
+  res.dp_round_robin = o.dp_round_robin;
+  res.agentx_rules = o.agentx_rules;
+  // The measuring window: everything, or [warmup, warmup + window) when a window is set.
+  const double window_start = o.window_s > 0 ? o.warmup_s : 0;
+  const double window_end = o.window_s > 0 ? o.warmup_s + o.window_s : INFINITY;
   const double hbm_bytes = gpu.hbm_gb * 1e9;
   uint32_t tp = o.tp;
   if (tp == 0) tp = DefaultTp(gpu, model);
@@ -212,6 +265,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   }
   res.hbm_kv_bytes = static_cast<uint64_t>(kv_bytes);
   const uint64_t hbm_blocks = res.hbm_kv_bytes / res.block_bytes;
+  if (hbm_blocks < o.dp) return Status::InvalidArgument("--dp leaves a rank without an HBM block");
   res.capacity_tokens = hbm_blocks * block_tokens;
   const uint64_t host_bytes =
       o.host_pool_multiple > 0    ? static_cast<uint64_t>(o.host_pool_multiple * res.hbm_kv_bytes)
@@ -229,8 +283,10 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   };
   std::vector<Replica> reps(o.replicas);
   for (auto& r : reps) {
-    KVTIER_ASSIGN_OR_RETURN(auto p, make_policy(hbm_blocks));
-    r.hbm = std::make_unique<SimTier>("hbm", hbm_blocks, std::move(p));
+    for (uint32_t k = 0; k < o.dp; ++k) {
+      KVTIER_ASSIGN_OR_RETURN(auto p, make_policy(hbm_blocks / o.dp));
+      r.ranks.push_back(std::make_unique<SimTier>("hbm", hbm_blocks / o.dp, std::move(p)));
+    }
     if (o.host.enabled) {
       KVTIER_ASSIGN_OR_RETURN(auto hp, make_policy(host_bytes / res.block_bytes));
       r.host = std::make_unique<SimTier>("host", host_bytes / res.block_bytes, std::move(hp));
@@ -280,6 +336,17 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   uint64_t trees_started = 0;
   const uint64_t trees_one_pass = std::max<uint64_t>(traces.size(), o.concurrency);
   std::vector<double> ttft, tpot, e2e;
+  std::vector<std::pair<double, double>> itl;  // (seconds per token, tokens after the first)
+  uint64_t rr_rank = 0;                        // round-robin DP routing
+  // Live session trees, integrated over the measuring window.
+  uint64_t live_trees = 0;
+  double live_area = 0, live_since = 0;
+  auto live_change = [&](double t, int delta) {
+    const double a = std::max(live_since, window_start), b = std::min(t, window_end);
+    if (b > a) live_area += static_cast<double>(live_trees) * (b - a);
+    live_since = t;
+    live_trees = static_cast<uint64_t>(static_cast<int64_t>(live_trees) + delta);
+  };
   std::vector<std::pair<double, std::vector<double>>> occupancy;
   double now = 0;
 
@@ -287,6 +354,16 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   auto start_session = [&](uint32_t trace, uint32_t session, uint32_t tree, uint32_t replica,
                            BlockKey root, double at) {
     Run r{trace, session, tree, replica, 0, runs.size() + 1, root, at};
+    r.rank = static_cast<uint32_t>(Mix(r.sim_id ^ (o.seed << 32)) % o.dp);
+    const auto& reqs = traces[trace].sessions[session].requests;
+    if (o.agentx_rules && traces[trace].sessions[session].parent < 0 && reqs.size() > 1) {
+      // Start at a seeded point 25-75% through the recorded session; its prefix is warmed.
+      const double u = 0.25 + 0.5 * static_cast<double>(Mix(o.seed * 1000003 + tree) >> 11) /
+                                  static_cast<double>(1ull << 53);
+      const double t0 = reqs.front().start_s, point = t0 + u * (reqs.back().start_s - t0);
+      while (r.next + 1 < reqs.size() && reqs[r.next].start_s < point) ++r.next;
+      r.skip_s = reqs[r.next].start_s - t0;
+    }
     runs.push_back(r);
     ++tree_live[tree];
     push(at, EvType::kStartSession, static_cast<uint32_t>(runs.size() - 1));
@@ -296,6 +373,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     const uint64_t copy = trees_started / traces.size();
     const uint32_t tree = static_cast<uint32_t>(tree_live.size());
     tree_live.push_back(0);
+    live_change(at, +1);
     // Each copy of a trace is another user's session: its own namespace.
     const BlockKey root = copy == 0
                               ? traces[trace].root
@@ -308,6 +386,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     }
   };
   auto want_more_trees = [&] {
+    if (o.window_s > 0) return now < window_end && budget_left();  // keep C trees live
     return o.max_requests > 0 ? budget_left() : trees_started < trees_one_pass;
   };
   for (uint32_t i = 0; i < o.concurrency && want_more_trees(); ++i) start_tree(0);
@@ -316,7 +395,8 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   std::vector<BlockKey> evicted, evicted2, evicted3;
   // Every tier's policy hears a session's events (the session-aware one orders eviction by them).
   auto session_event = [&](Replica& rep, uint64_t session, SessionEvent e, double t) {
-    for (SimTier* tier : {rep.hbm.get(), rep.host.get(), rep.disk.get(), remote.get()}) {
+    for (auto& rank : rep.ranks) rank->Event(session, e, t);
+    for (SimTier* tier : {rep.host.get(), rep.disk.get(), remote.get()}) {
       if (tier != nullptr) tier->Event(session, e, t);
     }
   };
@@ -354,7 +434,10 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         (model.weight_bytes() + static_cast<double>(rep.decoding_tokens) * kv_per_token) / hbm_bw;
     // Speculative decoding: `accept` tokens per step on average.
     const double per_token = step / accept;
-    tpot.push_back(per_token);
+    if (f.measured) {
+      tpot.push_back(per_token);
+      if (f.output_tokens > 1) itl.emplace_back(per_token, f.output_tokens - 1);
+    }
     push(now + per_token * std::max<uint32_t>(1, f.output_tokens), EvType::kDecodeDone, slot);
   };
 
@@ -366,7 +449,28 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       runs[ev.id].started_s = now;
       const Run run = runs[ev.id];  // a copy: start_session grows runs
       for (const auto& [child, offset] : children[run.trace][run.session]) {
-        start_session(run.trace, child, run.tree, run.replica, run.root, now + offset);
+        if (offset < run.skip_s) continue;  // it ran in the skipped part
+        start_session(run.trace, child, run.tree, run.replica, run.root, now + offset - run.skip_s);
+      }
+      if (run.next > 0) {
+        // AgentX rules: the skipped part's context is in HBM (and what spills, below) before
+        // the first replayed request; nothing of it is measured.
+        const auto& prev = traces[run.trace].sessions[run.session].requests[run.next - 1];
+        workload::ReplayRequest wr;
+        wr.session = run.sim_id;
+        wr.root = run.root;
+        wr.ids = traces[run.trace].IdsOf(prev);
+        wr.block_tokens = block_tokens;
+        size_t common = 0;
+        auto keys = hasher.Keys(wr, &common);
+        Replica& rep = reps[run.replica];
+        evicted.clear();
+        for (size_t i = keys.size(); i-- > 0;) {
+          rep.ranks[run.rank]->Put(keys[i], AccessHint{run.sim_id, static_cast<uint32_t>(i), now},
+                                   &evicted);
+          if (!ideal.Contains(keys[i])) ideal.Insert(keys[i], 1);
+        }
+        demote(rep, evicted, run.sim_id);
       }
       push(now, EvType::kArrive, ev.id);
       continue;
@@ -374,14 +478,20 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
     if (ev.type == EvType::kArrive) {
       Run& run = runs[ev.id];
       const auto& sess = traces[run.trace].sessions[run.session];
-      if (run.next >= sess.requests.size() || !budget_left()) {
+      if (run.next >= sess.requests.size() || !budget_left() || now >= window_end) {
         // Nothing (more) to send: the session ends.
-        if (--tree_live[run.tree] == 0 && want_more_trees()) start_tree(now);
+        if (--tree_live[run.tree] == 0) {
+          live_change(now, -1);
+          if (want_more_trees()) start_tree(now);
+        }
         continue;
       }
+      const bool measured = now >= window_start;
       const auto& q = sess.requests[run.next];
       ++issued;
       Replica& rep = reps[run.replica];
+      const uint32_t rank = o.dp_round_robin ? static_cast<uint32_t>(rr_rank++ % o.dp) : run.rank;
+      SimTier& hbm = *rep.ranks[rank];
       workload::ReplayRequest rq;
       rq.session = run.sim_id;
       rq.root = run.root;
@@ -395,11 +505,11 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       size_t im = 0;
       while (im < n && ideal.Contains(keys[im])) ++im;
       for (size_t i = im; i < n; ++i) ideal.Insert(keys[i], 1);
-      ideal_hits += std::min<uint64_t>(im * block_tokens, q.prompt_tokens);
+      if (measured) ideal_hits += std::min<uint64_t>(im * block_tokens, q.prompt_tokens);
 
       session_event(rep, run.sim_id, SessionEvent::kActive, now);
       size_t hbm_prefix = 0;
-      while (hbm_prefix < n && rep.hbm->Contains(keys[hbm_prefix])) ++hbm_prefix;
+      while (hbm_prefix < n && hbm.Contains(keys[hbm_prefix])) ++hbm_prefix;
       // Where each following block can be loaded from: 1 host, 2 disk, 3 remote.
       std::vector<uint8_t> src;
       for (size_t i = hbm_prefix; i < n; ++i) {
@@ -444,7 +554,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
             done = std::max(dev, rep.link.Use(now, count[code] * bb / link_bw));
           }
           load_done = std::max(load_done, done);
-          traffic[code].load_bytes += count[code] * res.block_bytes;
+          if (measured) traffic[code].load_bytes += count[code] * res.block_bytes;
         }
         load_done += cp.load_fixed_s;
       }
@@ -454,23 +564,26 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
         const uint64_t b = std::min<uint64_t>(to_block * block_tokens, prompt);
         return b - a;
       };
-      res.hbm_tokens += tokens_of(0, hbm_prefix);
       uint64_t loaded = 0;
-      for (size_t i = head; i < head + load; ++i) {
-        const uint64_t t = tokens_of(hbm_prefix + i, hbm_prefix + i + 1);
-        loaded += t;
-        if (src[i] == 1) res.host_tokens += t;
-        if (src[i] == 2) res.disk_tokens += t;
-        if (src[i] == 3) res.remote_tokens += t;
+      for (size_t i = head; i < head + load; ++i)
+        loaded += tokens_of(hbm_prefix + i, hbm_prefix + i + 1);
+      if (measured) {
+        res.hbm_tokens += tokens_of(0, hbm_prefix);
+        for (size_t i = head; i < head + load; ++i) {
+          const uint64_t t = tokens_of(hbm_prefix + i, hbm_prefix + i + 1);
+          if (src[i] == 1) res.host_tokens += t;
+          if (src[i] == 2) res.disk_tokens += t;
+          if (src[i] == 3) res.remote_tokens += t;
+        }
+        res.loadable_recomputed += tokens_of(hbm_prefix, hbm_prefix + src.size()) - loaded;
+        res.recomputed += prompt - tokens_of(0, hbm_prefix) - loaded;
+        res.prompt_tokens += prompt;
+        res.output_tokens += q.output_tokens;
+        ++res.requests;
       }
-      res.loadable_recomputed += tokens_of(hbm_prefix, hbm_prefix + src.size()) - loaded;
-      res.recomputed += prompt - tokens_of(0, hbm_prefix) - loaded;
-      res.prompt_tokens += prompt;
-      res.output_tokens += q.output_tokens;
-      ++res.requests;
       // The HBM prefix is in use now: it becomes most recent (touched last to first).
       for (size_t i = hbm_prefix; i-- > 0;)
-        rep.hbm->Touch(keys[i], AccessHint{run.sim_id, static_cast<uint32_t>(i), now});
+        hbm.Touch(keys[i], AccessHint{run.sim_id, static_cast<uint32_t>(i), now});
       // Compute: the recomputed head, then everything after the loaded run (at least one token:
       // the logits of the last one), priced by the planner's prefill model.
       const double ctx0 =
@@ -495,6 +608,8 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       }
       InFlight& f = slots[slot];
       f.run = ev.id;
+      f.rank = rank;
+      f.measured = measured;
       f.arrive_s = now;
       f.context_tokens = prompt + q.output_tokens;
       f.output_tokens = q.output_tokens;
@@ -502,8 +617,9 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       push(done, EvType::kPrefillDone, slot);
       // Occupancy sample.
       std::vector<double> occ;
-      occ.push_back(static_cast<double>(rep.hbm->size()) /
-                    std::max<uint64_t>(1, rep.hbm->capacity()));
+      uint64_t hbm_used = 0;
+      for (const auto& r : rep.ranks) hbm_used += r->size();
+      occ.push_back(static_cast<double>(hbm_used) / std::max<uint64_t>(1, hbm_blocks));
       occ.push_back(rep.host ? static_cast<double>(rep.host->size()) /
                                    std::max<uint64_t>(1, rep.host->capacity())
                              : 0);
@@ -521,14 +637,14 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       Run& run = runs[f.run];
       Replica& rep = reps[run.replica];
       f.first_token_s = now;
-      ttft.push_back(now - f.arrive_s);
+      if (f.measured) ttft.push_back(now - f.arrive_s);
       // The whole prompt is resident in HBM now (touched last to first); what HBM drops goes
       // to host, host's drops to disk; new blocks are written through to remote.
       evicted.clear();
       uint64_t new_remote = 0;
       for (size_t i = f.keys.size(); i-- > 0;) {
         AccessHint h{run.sim_id, static_cast<uint32_t>(i), now};
-        rep.hbm->Put(f.keys[i], h, &evicted);
+        rep.ranks[f.rank]->Put(f.keys[i], h, &evicted);
         if (remote && !remote->Contains(f.keys[i])) {
           evicted2.clear();
           remote->Put(f.keys[i], h, &evicted2);
@@ -562,7 +678,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       rep.waiting.pop_front();
       start_decode(rep, next);
     }
-    e2e.push_back(now - f.arrive_s);
+    if (f.measured) e2e.push_back(now - f.arrive_s);
     if (o.record_requests) {
       res.log.push_back(
           RequestRecord{run.trace, run.session, run.next, f.arrive_s, f.first_token_s, now});
@@ -577,6 +693,7 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
       if (think < 0) {
         think = std::max(0.0, nq.start_s - q.start_s - std::max(0.0, q.api_s));
       }
+      if (o.max_idle_s > 0) think = std::min(think, o.max_idle_s);
       session_event(rep, run.sim_id, SessionEvent::kThinking, now);
       push(now + think, EvType::kArrive, f.run);
     } else {
@@ -586,6 +703,13 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   }
 
   res.makespan_s = now;
+  live_change(now, 0);
+  const double measured_s =
+      o.window_s > 0 ? std::min(now, window_end) - window_start : res.makespan_s;
+  res.window_start_s = window_start;
+  res.measured_s = measured_s;
+  res.live_trees_mean = measured_s > 0 ? live_area / measured_s : 0;
+  res.itl_s = WeightedPercentiles(std::move(itl));
   res.ideal_hit_rate = res.prompt_tokens ? static_cast<double>(ideal_hits) / res.prompt_tokens : 0;
   res.ttft_s = ComputePercentiles(ttft);
   res.tpot_s = ComputePercentiles(tpot);
@@ -593,14 +717,22 @@ Result<TimedResult> ReplayTimed(std::span<const workload::Trace> traces, const G
   std::sort(ttft.begin(), ttft.end());
   res.ttft_samples = std::move(ttft);
   const double gpus = static_cast<double>(o.replicas) * tp;
-  if (res.makespan_s > 0) {
-    res.input_tokens_per_s_per_gpu = res.prompt_tokens / res.makespan_s / gpus;
-    res.output_tokens_per_s_per_gpu = res.output_tokens / res.makespan_s / gpus;
+  if (measured_s > 0) {
+    res.input_tokens_per_s_per_gpu = res.prompt_tokens / measured_s / gpus;
+    res.output_tokens_per_s_per_gpu = res.output_tokens / measured_s / gpus;
+    res.total_tokens_per_s_per_gpu =
+        static_cast<double>(res.prompt_tokens + res.output_tokens) / measured_s / gpus;
   }
-  res.interactivity = res.tpot_s.mean > 0 ? 1.0 / res.tpot_s.mean : 0;
+  auto inv = [](double x) { return x > 0 ? 1.0 / x : 0; };
+  res.interactivity_p50 = inv(res.itl_s.p50);
+  res.interactivity_p75 = inv(res.itl_s.p75);
+  res.interactivity = inv(res.itl_s.p90);
   traffic[0].capacity_blocks = hbm_blocks;
-  for (const auto& r : reps)
-    traffic[0].peak_blocks = std::max(traffic[0].peak_blocks, r.hbm->peak());
+  for (const auto& r : reps) {
+    uint64_t peak = 0;  // sum of the ranks' peaks: an upper bound when dp > 1
+    for (const auto& k : r.ranks) peak += k->peak();
+    traffic[0].peak_blocks = std::max(traffic[0].peak_blocks, peak);
+  }
   if (o.host.enabled) {
     traffic[1].capacity_blocks = reps[0].host->capacity();
     for (const auto& r : reps)

@@ -59,12 +59,25 @@ struct TimedOptions {
   double spec_acceptance_length = 0;  // tokens per decode step; 0 = the model profile's
   uint32_t occupancy_samples = 64;
   bool record_requests = false;  // fill TimedResult::log
+  // Data-parallel attention: each replica's HBM pool split into dp ranks. A session goes to the
+  // rank a hash of its id picks (session affinity), or with dp_round_robin each request to the
+  // next rank, so a session's context is often on another rank and is recomputed.
+  uint32_t dp = 1;
+  bool dp_round_robin = false;
+  // AgentX replay rules (doc/replay.md): sessions start at a seeded point 25-75% through their
+  // recording with that context warmed; think time capped at max_idle_s; metrics only over
+  // [warmup_s, warmup_s + window_s), trees recycled until the window ends.
+  bool agentx_rules = false;
+  uint64_t seed = 1;
+  double warmup_s = 0;
+  double window_s = 0;    // 0 = no window: measure the whole run
+  double max_idle_s = 0;  // 0 = no cap
 
   Status Validate() const;
 };
 
 struct Percentiles {
-  double mean = 0, p50 = 0, p90 = 0, p95 = 0, p99 = 0;
+  double mean = 0, p50 = 0, p75 = 0, p90 = 0, p95 = 0, p99 = 0;
 };
 Percentiles ComputePercentiles(std::vector<double> values);
 
@@ -85,7 +98,8 @@ struct RequestRecord {
 
 struct TimedResult {
   std::string gpu, model, policy;
-  uint32_t concurrency = 0, replicas = 0, tp = 0;
+  uint32_t concurrency = 0, replicas = 0, tp = 0, dp = 1;
+  bool dp_round_robin = false, agentx_rules = false;
   uint64_t block_bytes = 0;
   uint64_t hbm_kv_bytes = 0;
   uint64_t capacity_tokens = 0;  // HBM KV capacity in tokens
@@ -96,11 +110,18 @@ struct TimedResult {
   uint64_t loadable_recomputed = 0;  // cached below HBM but the planner chose to recompute
   double ideal_hit_rate = 0;         // of the same requests, infinite cache
   Percentiles ttft_s, tpot_s, e2e_s;
+  Percentiles itl_s;  // inter-token latency, one sample per output token after the first
   std::vector<double> ttft_samples;  // sorted, for the CDF
   double makespan_s = 0;
+  double window_start_s = 0;  // metrics cover [window_start_s, window_start_s + measured_s)
+  double measured_s = 0;
+  double live_trees_mean = 0;  // concurrency as InferenceX counts it: live session trees
+  // Per GPU over the measured time; input counts every prompt token, cached ones included.
   double input_tokens_per_s_per_gpu = 0;
   double output_tokens_per_s_per_gpu = 0;
-  double interactivity = 0;  // 1 / mean TPOT (tokens/s per user)
+  double total_tokens_per_s_per_gpu = 0;
+  // InferenceX interactivity: 1 / percentile(ITL), tokens/s per user. `interactivity` is p90's.
+  double interactivity = 0, interactivity_p50 = 0, interactivity_p75 = 0;
   std::vector<TierTraffic> tiers;
   std::vector<double> occupancy_t;                  // sample times
   std::vector<std::vector<double>> occupancy_frac;  // per tier, used / capacity at each sample
@@ -108,6 +129,14 @@ struct TimedResult {
   double wall_s = 0;
   bool offload = false;  // any tier below HBM enabled
 
+  // Shares of all prompt tokens (InferenceX's HBM hit and DRAM hit).
+  double hbm_hit_share() const {
+    return prompt_tokens ? static_cast<double>(hbm_tokens) / static_cast<double>(prompt_tokens) : 0;
+  }
+  double dram_hit_share() const {
+    return prompt_tokens ? static_cast<double>(host_tokens) / static_cast<double>(prompt_tokens)
+                         : 0;
+  }
   double hit_rate() const {
     return prompt_tokens
                ? 1.0 - static_cast<double>(recomputed) / static_cast<double>(prompt_tokens)

@@ -85,6 +85,28 @@ TEST(Calibration, CrossoverIsWhereTheCostsMeet) {
   EXPECT_LT(x, 1000u);
 }
 
+TEST(Calibration, TiersAddTheirLatencyAndAreCappedByTheHostLink) {
+  auto g = LoadGpuProfile("h100");
+  auto m = LoadModelProfile("llama-3.1-8b");
+  ASSERT_TRUE(g.ok() && m.ok());
+  CostModelOptions o;
+  o.disk = o.remote = true;
+  o.disk_gbps = 0.001;  // slower than any prefill: loading never wins
+  o.remote_gbps = 400;  // faster than the host link: capped by it
+  auto p = MakeCostProfile(*g, *m, o);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const Planner planner(*p);
+  const TierCost& host = p->tiers[p->FindTier("host")];
+  const TierCost& remote = p->tiers[p->FindTier("remote")];
+  EXPECT_DOUBLE_EQ(remote.bytes_per_s, host.bytes_per_s);
+  EXPECT_DOUBLE_EQ(remote.latency_s, o.remote_latency_s + host.latency_s);
+  EXPECT_EQ(CrossoverTokens(planner, p->FindTier("disk")), 0u);
+  EXPECT_GE(CrossoverTokens(planner, p->FindTier("remote")),
+            CrossoverTokens(planner, p->FindTier("host")));
+  o.kv_dtype = "fp4";
+  EXPECT_FALSE(MakeCostProfile(*g, *m, o).ok());
+}
+
 TEST(Calibration, EveryShippedProfilePairHasAHostCrossover) {
   for (const std::string& g : ProfileNames("gpus")) {
     for (const std::string& m : ProfileNames("models")) {

@@ -12,6 +12,7 @@
 #include "sim/cache_compare.h"
 #include "sim/report.h"
 #include "sim/timed_replay.h"
+#include "sim/trace_stats.h"
 #include "workload/readers.h"
 #include "workload/synthetic.h"
 
@@ -21,6 +22,7 @@ namespace {
 struct ReplayArgs {
   WorkloadArgs workload;
   bool cache_only = false;
+  bool trace_stats = false;
   std::vector<std::string> policies;
   uint64_t capacity_tokens = 0;
   double capacity_live = 0;
@@ -115,9 +117,49 @@ int RunTimedOnce(const TimedArgs& t, const Loaded& loaded, const std::vector<std
   return 0;
 }
 
+constexpr const char* kTraceStatsDefinition =
+    "per-conversation hit rate = sum over its requests of the leading block ids each shares with "
+    "the previous request of its session (in tokens, capped at the prompt) / its prompt tokens; "
+    "a conversation is one trace file (a session and its sub-agents); no cache model";
+
+int RunTraceStats(const ReplayArgs& a, const Loaded& loaded) {
+  const sim::TraceStatsSummary s = sim::ComputeTraceStats(loaded.traces);
+  nlohmann::json convs = nlohmann::json::array();
+  std::printf("%-32s %9s %14s %9s\n", "conversation", "requests", "prompt tokens", "hit rate");
+  for (const auto& c : s.conversations) {
+    std::printf("%-32s %9llu %14llu %8.1f%%\n", c.name.c_str(),
+                static_cast<unsigned long long>(c.requests),
+                static_cast<unsigned long long>(c.prompt_tokens), 100 * c.hit_rate());
+    convs.push_back({{"name", c.name},
+                     {"requests", c.requests},
+                     {"prompt_tokens", c.prompt_tokens},
+                     {"hit_rate", c.hit_rate()}});
+  }
+  std::printf(
+      "per-conversation hit rate over %zu conversations: min %.1f%%, P25 %.1f%%, median "
+      "%.1f%%, P75 %.1f%%, mean %.1f%%\ndefinition: %s\n",
+      s.conversations.size(), 100 * s.min, 100 * s.p25, 100 * s.median, 100 * s.p75, 100 * s.mean,
+      kTraceStatsDefinition);
+  if (!a.json_path.empty()) {
+    nlohmann::json j = {
+        {"mode", "trace-stats"},
+        {"conversations", convs},
+        {"hit_rate",
+         {{"min", s.min}, {"p25", s.p25}, {"median", s.median}, {"p75", s.p75}, {"mean", s.mean}}},
+        {"metric_definitions", {{"hit_rate", kTraceStatsDefinition}}}};
+    if (Status st = sim::WriteFile(a.json_path, j.dump(2) + "\n"); !st.ok()) {
+      std::fprintf(stderr, "kvtier replay: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
 int Run(const ReplayArgs& a) {
   Loaded loaded;
-  if (int rc = LoadWorkload(a.workload, &loaded, /*need_traces=*/!a.cache_only); rc != 0) return rc;
+  const bool need_traces = !a.cache_only || a.trace_stats;
+  if (int rc = LoadWorkload(a.workload, &loaded, need_traces); rc != 0) return rc;
+  if (a.trace_stats) return RunTraceStats(a, loaded);
   if (a.cache_only) return RunCacheOnly(a, loaded);
   return RunTimedOnce(a.timed, loaded, a.policies, a.json_path, a.csv_path, a.html_path);
 }
@@ -132,6 +174,9 @@ KVTIER_REGISTER_COMMAND(
       kvtier::cli::AddWorkloadOptions(app, &a->workload);
       app->add_flag("--cache-only", a->cache_only,
                     "Timing-free replay of the exact definition (doc/replay.md)");
+      app->add_flag("--trace-stats", a->trace_stats,
+                    "Per-conversation hit rate from consecutive-request overlap (min, P25, "
+                    "median, P75, mean), no cache model");
       app->add_option("--policy", a->policies,
                       "Policies to compare (repeat or comma-separate): lru, lru-tail, s3fifo, arc, "
                       "session. Default: all")

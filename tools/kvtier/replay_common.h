@@ -118,7 +118,19 @@ struct TimedArgs {
   double remote_gbps = 25, remote_latency_us = 200;
   double hbm_kv_gb = 0;
   bool no_planner = false;
+  std::string kv_dtype;
+  double spec_accept = 0;
+  uint32_t dp = 1;
+  std::string dp_routing = "affinity";
+  bool agentx_rules = false;
+  uint64_t start_seed = 1;
+  // < 0: unset (0, or with --agentx-rules the rules' defaults below).
+  double warmup_s = -1, window_s = -1, max_idle_s = -1;
 };
+
+// --agentx-rules defaults (ours: InferenceX's exact figures are not published here): 5 minutes
+// of warm-up, a 30-minute measuring window, think time capped at 5 minutes.
+constexpr double kAgentxWarmupS = 300, kAgentxWindowS = 1800, kAgentxMaxIdleS = 300;
 
 inline void AddTimedOptions(CLI::App* app, TimedArgs* a) {
   app->add_option("--gpu", a->gpu, "GPU profile (sim/profiles/gpus) or a .json path");
@@ -137,6 +149,24 @@ inline void AddTimedOptions(CLI::App* app, TimedArgs* a) {
   app->add_option("--remote-latency-us", a->remote_latency_us, "Remote per-op latency, us");
   app->add_option("--hbm-kv-gb", a->hbm_kv_gb, "HBM KV capacity per replica, GB (0 = derived)");
   app->add_flag("--no-planner", a->no_planner, "Always load what is cached (never recompute)");
+  app->add_option("--kv-dtype", a->kv_dtype, "KV element type: bf16, fp8 (default: the model's)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
+  app->add_option("--spec-accept", a->spec_accept,
+                  "Speculative decoding: mean tokens per decode step (0 = the model's, 1 = off)");
+  app->add_option("--dp", a->dp, "Data-parallel attention ranks per replica (HBM pool split)");
+  app->add_option("--dp-routing", a->dp_routing,
+                  "affinity (hash of the session id) or round-robin (per request)")
+      ->check(CLI::IsMember({"affinity", "round-robin"}));
+  app->add_flag("--agentx-rules", a->agentx_rules,
+                "AgentX replay rules: seeded start 25-75% into each session with its context "
+                "warmed, idle capped at 5 min, a measuring window after a warm-up");
+  app->add_option("--start-seed", a->start_seed, "Seed of the AgentX start points");
+  app->add_option("--warmup-s", a->warmup_s,
+                  "Seconds before the measuring window (--agentx-rules: 300)");
+  app->add_option("--window-s", a->window_s,
+                  "Measuring window, seconds (0 = the whole run; --agentx-rules: 1800)");
+  app->add_option("--max-idle-s", a->max_idle_s,
+                  "Cap on a session's think time, seconds (0 = none; --agentx-rules: 300)");
 }
 
 // Parses "off", "auto" or a byte size ("512GiB", "2TB", "1e12").
@@ -194,6 +224,18 @@ inline bool MakeTimedOptions(const TimedArgs& a, const std::string& policy, sim:
   o->max_requests = a.max_requests;
   if (!policy.empty()) o->policy = policy;
   o->planner = !a.no_planner;
+  o->kv_dtype = a.kv_dtype;
+  o->spec_acceptance_length = a.spec_accept;
+  o->dp = a.dp;
+  o->dp_round_robin = a.dp_routing == "round-robin";
+  o->agentx_rules = a.agentx_rules;
+  o->seed = a.start_seed;
+  auto pick = [&](double given, double rules) {
+    return given >= 0 ? given : (a.agentx_rules ? rules : 0.0);
+  };
+  o->warmup_s = pick(a.warmup_s, kAgentxWarmupS);
+  o->window_s = pick(a.window_s, kAgentxWindowS);
+  o->max_idle_s = pick(a.max_idle_s, kAgentxMaxIdleS);
   o->hbm_kv_bytes = static_cast<uint64_t>(a.hbm_kv_gb * 1e9);
   struct {
     const std::string& text;

@@ -39,7 +39,7 @@ int RunSweep(const SweepArgs& a) {
   std::vector<sim::TimedResult> runs;
   nlohmann::json rows = nlohmann::json::array();
   std::printf("%-6s %-9s %4s %4s %6s %6s %8s %8s %9s %9s %10s %9s\n", "reuse", "policy", "C", "rep",
-              "pool", "remote", "hit", "ideal", "TTFT p50", "TTFT p90", "out/s/GPU", "interact");
+              "pool", "remote", "hit", "ideal", "TTFT p50", "TTFT p90", "out/s/GPU", "1/ITLp90");
   size_t total = reuses.size() * a.policies.size() * concs.size() * reps.size() * remotes.size() *
                  a.pools.size();
   size_t done = 0;
@@ -54,6 +54,8 @@ int RunSweep(const SweepArgs& a) {
         for (uint32_t r : reps) {
           for (bool remote : remotes) {
             double prev_hit = -1;
+            double prev_pool = 0;
+            bool knee_marked = false;  // only the first step from a host pool adding < 1 point
             for (double pool : a.pools) {
               TimedArgs t = a.timed;
               t.concurrency = c;
@@ -71,16 +73,17 @@ int RunSweep(const SweepArgs& a) {
                 std::fprintf(stderr, "kvtier sweep: %s\n", res.status().ToString().c_str());
                 return 1;
               }
+              const bool knee = !knee_marked && prev_pool > 0 && res->hit_rate() - prev_hit < 0.01;
+              knee_marked = knee_marked || knee;
               std::printf(
                   "%-6.2f %-9s %4u %4u %6.2f %6s %7.1f%% %7.1f%% %9.3f %9.3f %10.1f %9.1f%s\n",
                   reuse, policy.c_str(), c, r, pool, remote ? "on" : "off", 100 * res->hit_rate(),
                   100 * res->ideal_hit_rate, res->ttft_s.p50, res->ttft_s.p90,
                   res->output_tokens_per_s_per_gpu, res->interactivity,
-                  prev_hit >= 0 && pool > 0 && res->hit_rate() - prev_hit < 0.01
-                      ? "  <- pool stops paying (<1 pt)"
-                      : "");
+                  knee ? "  <- this step adds < 1 pt: the previous pool is the knee" : "");
               std::fflush(stdout);
               prev_hit = res->hit_rate();
+              prev_pool = pool;
               nlohmann::json j = sim::TimedJson(*res);
               j["reuse"] = reuse;
               j["pool_multiple"] = pool;
@@ -94,6 +97,7 @@ int RunSweep(const SweepArgs& a) {
       }
     }
   }
+  sim::PrintDefinitions(sim::TimedMetricDefinitions(), stdout);
   Status s;
   if (!a.json_path.empty()) s = sim::WriteFile(a.json_path, rows.dump(2) + "\n");
   if (s.ok() && !a.csv_path.empty()) s = sim::WriteFile(a.csv_path, sim::TimedCsv(runs));
