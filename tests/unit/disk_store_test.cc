@@ -396,6 +396,64 @@ TEST_P(DiskStoreTest, FlippedHeaderByteSkipsOnlyThatRecordAtOpen) {
   EXPECT_GE(s->stats().corruptions, 1u);
 }
 
+// Two sessions: segment 1 (sealed, keys 0..4) and segment 2 (the newest, keys 5..9).
+std::vector<std::string> TwoSegments(const DiskOptions& o) {
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 0, 5);
+  }
+  {
+    auto s = OpenOrDie(o);
+    PutMany(*s, 5, 5);
+  }
+  auto files = SegmentFiles(o.path);
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A checksummed header with an impossible length in a sealed segment was taken for a torn
+// tail: open truncated the file there, deleting the valid records behind it.
+TEST_P(DiskStoreTest, ImpossibleLengthInASealedSegmentLosesOnlyThatRecord) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  const std::vector<std::string> files = TwoSegments(o);
+  ASSERT_EQ(files.size(), 2u);
+  const uint64_t size_before = std::filesystem::file_size(files[0]);
+  {
+    const int fd = ::open(files[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    std::vector<std::byte> page(kPageBytes);
+    const off_t at = static_cast<off_t>(kPageBytes + 2 * o.record_bytes());  // record 2
+    ASSERT_EQ(::pread(fd, page.data(), kPageBytes, at), ssize_t(kPageBytes));
+    ParseError err;
+    std::optional<RecordHeader> h = ParseRecordHeader(page, &err);
+    ASSERT_TRUE(h.has_value());
+    h->payload_bytes = uint64_t{1} << 40;
+    EncodeRecordHeader(*h, page);
+    ASSERT_EQ(::pwrite(fd, page.data(), kPageBytes, at), ssize_t(kPageBytes));
+    ::close(fd);
+  }
+  auto s = OpenOrDie(o);
+  EXPECT_TRUE(GetOne(*s, 2).IsNotFound());
+  for (uint64_t n : {0, 1, 3, 4, 5, 9}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_GE(s->stats().corruptions, 1u);
+  EXPECT_EQ(std::filesystem::file_size(files[0]), size_before);
+}
+
+// Only the newest segment can end in a torn write: a sealed one whose last record no longer
+// parses is corrupt, reported as such and left whole (not trimmed as if a crash had cut it).
+TEST_P(DiskStoreTest, UnparsableEndOfASealedSegmentIsCorruptionAndIsKept) {
+  DiskOptions o = Options(dir_.path(), GetParam());
+  const std::vector<std::string> files = TwoSegments(o);
+  ASSERT_EQ(files.size(), 2u);
+  const uint64_t size_before = std::filesystem::file_size(files[0]);
+  FlipByte(files[0], kPageBytes + 4 * o.record_bytes() + 20);  // record 4's key
+  auto s = OpenOrDie(o);
+  EXPECT_TRUE(GetOne(*s, 4).IsNotFound());
+  for (uint64_t n : {0, 1, 2, 3, 5, 9}) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
+  EXPECT_EQ(s->stats().corruptions, 1u);
+  EXPECT_EQ(std::filesystem::file_size(files[0]), size_before);
+}
+
 TEST_P(DiskStoreTest, TornRecordsOfACrashedSegmentAreSkippedAndTrimmed) {
   DiskOptions o = Options(dir_.path(), GetParam());
   {
@@ -482,6 +540,20 @@ TEST_P(DiskStoreTest, SecondOpenOfTheSameDirectoryIsUnavailable) {
   auto r = DiskStore::Open(Options(dir_.path(), GetParam()));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+}
+
+// The lock was a LOCK file: deleting it let a second writer in, which truncated the first
+// one's active segment. Whatever a user deletes in the directory, the second open is refused.
+TEST_P(DiskStoreTest, DeletingFilesInTheDirectoryDoesNotLetASecondWriterIn) {
+  auto s = OpenOrDie(Options(dir_.path(), GetParam()));
+  PutMany(*s, 0, 3);
+  for (const auto& e : std::filesystem::directory_iterator(dir_.path())) {
+    if (!ParseSegmentFileName(e.path().filename().string())) std::filesystem::remove(e.path());
+  }
+  auto r = DiskStore::Open(Options(dir_.path(), GetParam()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  for (uint64_t n = 0; n < 3; ++n) EXPECT_TRUE(GetOne(*s, n).ok()) << n;
 }
 
 TEST_P(DiskStoreTest, SyncPolicies) {

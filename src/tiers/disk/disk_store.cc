@@ -152,8 +152,7 @@ DiskStore::~DiskStore() {
     active_.reset();
     segments_.clear();
   }
-  if (dir_fd_ >= 0) ::close(dir_fd_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  if (dir_fd_ >= 0) ::close(dir_fd_);  // releases the flock
 }
 
 Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
@@ -208,10 +207,9 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
   }
   dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd_ < 0) return Status::Internal(fmt::format("{}: open: {}", dir, Errno(errno)));
-  const std::string lock_path = dir + "/LOCK";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) return Status::Internal(fmt::format("{}: open: {}", lock_path, Errno(errno)));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  // The directory itself is locked: a lock file can be unlinked from under its holder, and
+  // the next process would lock a new file and write into the same segments.
+  if (::flock(dir_fd_, LOCK_EX | LOCK_NB) != 0) {
     return Status::Unavailable(
         fmt::format("{}: the directory is in use by another disk tier ({})", dir, Errno(errno)));
   }
@@ -220,7 +218,13 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
   std::vector<uint64_t> ids;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      if (auto id = ParseSegmentFileName(e->d_name)) ids.push_back(*id);
+      const std::string_view name = e->d_name;
+      if (auto id = ParseSegmentFileName(name)) {
+        ids.push_back(*id);
+      } else if (name.starts_with("seg-") || name.ends_with(".kvs")) {
+        spdlog::warn("disk tier {}: {}: not a segment file name (seg-<id>.kvs); not read", dir,
+                     name);
+      }
     }
     ::closedir(d);
   }
@@ -263,7 +267,10 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           options_.layout_fingerprint, options_.block_bytes));
     }
     uint64_t kept_bytes = file_bytes;
-    if (scan.header && !scan.issues.empty() &&
+    // Only the newest segment was being written when a process died: a tail that does not
+    // parse anywhere else is damage to sealed data, reported and kept, never cut off.
+    const bool newest = id == ids.back();
+    if (newest && scan.header && !scan.issues.empty() &&
         scan.issues.back().kind == ScanIssue::Kind::kTornTail &&
         scan.issues.back().offset + scan.issues.back().length == file_bytes) {
       // A segment the last process did not seal (it crashed): its unwritten end goes, and the
@@ -294,8 +301,10 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
       if (::ftruncate(scan_fd, static_cast<off_t>(trim)) == 0) kept_bytes = trim;
     }
     ::close(scan_fd);
-    const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(),
-                                         [](const ScanIssue& i) { return i.is_corruption(); });
+    auto corrupt = [newest](const ScanIssue& i) {
+      return i.is_corruption() || (!newest && i.kind == ScanIssue::Kind::kTornTail);
+    };
+    const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(), corrupt);
     if (file_bytes < kPageBytes || (scan.header && scan.records.empty() && !any_corrupt)) {
       // Torn while being created, or holding no record: nothing to keep.
       ::unlink(seg->path.c_str());
@@ -311,11 +320,14 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           dir, seg->path, ParseErrorName(scan.header_error));
     }
     for (const ScanIssue& issue : scan.issues) {
-      if (issue.is_corruption()) {
+      if (corrupt(issue)) {
         ++recovered_issues;
         corruptions_.fetch_add(1, std::memory_order_relaxed);
         spdlog::warn("disk tier {}: Corruption: {} offset {}: {}", dir, seg->path, issue.offset,
-                     issue.message);
+                     issue.is_corruption()
+                         ? issue.message
+                         : fmt::format("the last {} bytes of a sealed segment do not parse; kept",
+                                       issue.length));
       } else {
         spdlog::info("disk tier {}: {} offset {}: {}", dir, seg->path, issue.offset, issue.message);
       }

@@ -182,8 +182,7 @@ class DiskStore {
   const uint64_t segment_bytes_;
   const uint64_t record_bytes_;
   RemovalFn on_removed_;
-  int dir_fd_ = -1;
-  int lock_fd_ = -1;
+  int dir_fd_ = -1;  // flock(LOCK_EX) held on it while open
   bool direct_ = true;
   std::string notes_;
 
