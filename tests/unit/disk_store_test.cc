@@ -886,6 +886,72 @@ int InChild(int (*checks)()) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
 }
 
+// Under `ulimit -f` below the segment size the process was killed by SIGXFSZ with no message
+// (at open, preallocating the first segment). Now the open refuses with the limit named, and a
+// limit lowered after open fails the write with EFBIG (Unavailable) instead of killing.
+TEST(DiskStoreLimitsTest, FileSizeLimitIsRefusedOrReportedNeverKills) {
+  const int rc = InChild([] {
+    ::signal(SIGXFSZ, SIG_DFL);
+    kvtier::testing::TempDir dir;
+    DiskOptions o = Options(dir.path() + "/tier", IoBackend::kSync);
+    rlimit saved{};
+    ::getrlimit(RLIMIT_FSIZE, &saved);
+    rlimit lim = saved;
+    lim.rlim_cur = 64 << 10;
+    if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 10;
+    auto refused = DiskStore::Open(o);
+    if (refused.ok()) return 11;
+    if (refused.status().code() != StatusCode::kResourceExhausted) return 12;
+    if (refused.status().message().find("ulimit -f") == std::string::npos) return 13;
+    if (::setrlimit(RLIMIT_FSIZE, &saved) != 0) return 14;
+    int result = 0;
+    {
+      auto s = DiskStore::Open(o);
+      if (!s.ok()) return 15;
+      const uint64_t per_segment = (o.segment_bytes - kPageBytes) / o.record_bytes();
+      PutMany(**s, 0, per_segment);  // full: the next Put rolls a segment
+      if (::setrlimit(RLIMIT_FSIZE, &lim) != 0) return 16;
+      for (const Status& st : PutStatuses(**s, 1000, 2)) {
+        if (st.code() != StatusCode::kUnavailable) result = 17;
+        if (st.message().find(std::strerror(EFBIG)) == std::string::npos) result = 18;
+      }
+    }
+    return result;
+  });
+  EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
+}
+
+// One descriptor per segment: a tier of more segments than `ulimit -n` allows opened and then
+// failed batch after batch. Now the soft limit is raised to what the tier needs when the hard
+// limit allows, and the open is refused, naming the limit, when it does not.
+TEST(DiskStoreLimitsTest, OpenFileLimitIsRaisedOrTheOpenRefused) {
+  const int rc = InChild([] {
+    kvtier::testing::TempDir dir;
+    DiskOptions o = Options(dir.path() + "/tier", IoBackend::kSync);
+    o.capacity_bytes = 256 << 20;  // 256 segments of 1 MiB
+    rlimit lim{};
+    lim.rlim_cur = 64;
+    lim.rlim_max = 4096;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 10;
+    int result = 0;
+    {
+      auto s = DiskStore::Open(o);
+      if (!s.ok()) return 11;
+      ::getrlimit(RLIMIT_NOFILE, &lim);
+      if (lim.rlim_cur < 256) result = 12;
+    }
+    lim.rlim_cur = 64;
+    lim.rlim_max = 64;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) return 13;
+    auto refused = DiskStore::Open(o);
+    if (refused.ok()) return 14;
+    if (refused.status().code() != StatusCode::kResourceExhausted) return 15;
+    if (refused.status().message().find("ulimit -n") == std::string::npos) return 16;
+    return result;
+  });
+  EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
+}
+
 // A completion that never arrives (here: a read of an empty pipe) used to block Wait forever.
 // Now Wait fails after stall_timeout_ms, and the engine stays failed. Run in a child that an
 // alarm kills if Wait hangs.

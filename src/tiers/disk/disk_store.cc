@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,6 +47,59 @@ uint64_t NowUnixNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// Descriptors the process has open now (0 when /proc cannot tell).
+uint64_t OpenDescriptors() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 0;
+  uint64_t n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n > 0 ? n - 1 : 0;  // not the one opendir holds
+}
+
+// The process limits the tier runs under, checked before anything is written: past them it
+// would fail later, one batch at a time, or (ulimit -f) be killed by SIGXFSZ with no message.
+Status CheckProcessLimits(const std::string& dir, uint64_t capacity_bytes, uint64_t segment_bytes) {
+  // SIGXFSZ's default action kills the process when a write passes RLIMIT_FSIZE; ignored, the
+  // write fails with EFBIG and the tier reports it. An application's own handler is kept.
+  struct sigaction old {};
+  if (::sigaction(SIGXFSZ, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    ::signal(SIGXFSZ, SIG_IGN);
+  }
+  rlimit fsize{};
+  if (::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+      fsize.rlim_cur < segment_bytes) {
+    return Status::ResourceExhausted(fmt::format(
+        "{}: segments of {} bytes exceed this process's file size limit of {} bytes (ulimit -f): "
+        "lower params.segment_bytes or raise the limit",
+        dir, segment_bytes, static_cast<uint64_t>(fsize.rlim_cur)));
+  }
+  // One descriptor per segment (the capacity's worth, the active one and the next), the
+  // directory, and a few I/O contexts (an io_uring ring each).
+  constexpr uint64_t kSpareDescriptors = 16;
+  const uint64_t need = OpenDescriptors() + capacity_bytes / segment_bytes + 3 + kSpareDescriptors;
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
+      nofile.rlim_cur >= need) {
+    return Status::Ok();
+  }
+  if (nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max >= need) {
+    const rlim_t before = nofile.rlim_cur;
+    nofile.rlim_cur = static_cast<rlim_t>(need);
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+      spdlog::info("disk tier {}: raised the open file limit from {} to {} (ulimit -n)", dir,
+                   static_cast<uint64_t>(before), need);
+      return Status::Ok();
+    }
+  }
+  return Status::ResourceExhausted(fmt::format(
+      "{}: {} bytes in segments of {} bytes need about {} open files, more than this process may "
+      "open ({}, ulimit -n; hard limit {}): raise params.segment_bytes or the limit",
+      dir, capacity_bytes, segment_bytes, need, static_cast<uint64_t>(nofile.rlim_cur),
+      nofile.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                       : std::to_string(nofile.rlim_max)));
 }
 
 }  // namespace
@@ -118,6 +173,8 @@ DiskStore::DiskStore(const DiskOptions& options, RemovalFn on_removed)
 Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskOptions& options,
                                                    RemovalFn on_removed) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
+  KVTIER_RETURN_IF_ERROR(
+      CheckProcessLimits(options.path, options.capacity_bytes, options.effective_segment_bytes()));
   std::unique_ptr<DiskStore> store(new DiskStore(options, std::move(on_removed)));
   std::vector<BlockKey> removed;
   KVTIER_RETURN_IF_ERROR(store->OpenDirectory(&removed));
