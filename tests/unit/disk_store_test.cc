@@ -5,7 +5,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -16,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
@@ -949,6 +952,77 @@ TEST(DiskStoreLimitsTest, OpenFileLimitIsRaisedOrTheOpenRefused) {
     if (refused.status().message().find("ulimit -n") == std::string::npos) return 16;
     return result;
   });
+  EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
+}
+
+// Mounts a tmpfs of `bytes` at dir in a private mount namespace (the calling process only: run
+// it in a child). False when this process may not (no CAP_SYS_ADMIN, no user namespaces).
+bool MountSmallFilesystem(const std::string& dir, uint64_t bytes) {
+  if (::unshare(CLONE_NEWNS) != 0) {
+    const uid_t uid = ::getuid();
+    const gid_t gid = ::getgid();
+    if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return false;
+    std::ofstream("/proc/self/setgroups") << "deny";
+    std::ofstream("/proc/self/uid_map") << "0 " << uid << " 1";
+    std::ofstream("/proc/self/gid_map") << "0 " << gid << " 1";
+  }
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return false;
+  const std::string opts = "size=" + std::to_string(bytes);
+  return ::mount("tmpfs", dir.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+}
+
+// Fills the filesystem of dir until a write fails (ENOSPC).
+void FillFilesystem(const std::string& dir) {
+  const int fd = ::open((dir + "/filler").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  std::vector<char> chunk(4096, 'f');
+  while (fd >= 0 && ::write(fd, chunk.data(), chunk.size()) == ssize_t(chunk.size())) {
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+// A full filesystem: every Put batch failed (and logged), nothing was evicted to make room, and
+// the next process could not open the tier at all, its blocks unusable. Now the capacity is
+// clamped to what the filesystem holds, a roll that meets ENOSPC evicts the oldest segment and
+// tries again, and a tier that cannot start a segment opens read-only and serves its blocks.
+TEST(DiskStoreLimitsTest, FullFilesystemEvictsForRoomAndOpensReadOnly) {
+  kvtier::testing::TempDir dir;
+  static std::string path;
+  path = dir.path();
+  const int rc = InChild([] {
+    if (!MountSmallFilesystem(path, 4 << 20)) return 77;
+    DiskOptions o = Options(path + "/tier", IoBackend::kSync);
+    o.capacity_bytes = 64 << 20;  // far more than the 4 MiB filesystem
+    const uint64_t per_segment = (o.segment_bytes - kPageBytes) / o.record_bytes();
+    uint64_t next = 0;
+    {
+      auto s = DiskStore::Open(o);
+      if (!s.ok()) return 10;
+      if ((*s)->stats().capacity_bytes > (4u << 20)) return 11;
+      for (int i = 0; i < 6; ++i, next += per_segment / 2) {  // 3 segments' worth
+        for (const Status& st : PutStatuses(**s, next, per_segment / 2)) {
+          if (!st.ok()) return 12;
+        }
+      }
+      FillFilesystem(path);  // another file takes the rest: the next roll meets ENOSPC
+      for (int i = 0; i < 4; ++i, next += per_segment / 2) {
+        for (const Status& st : PutStatuses(**s, next, per_segment / 2)) {
+          if (!st.ok()) return 13;
+        }
+      }
+      if ((*s)->stats().space_evictions == 0) return 14;
+    }
+    FillFilesystem(path);  // what the close gave back, too
+    auto s = DiskStore::Open(o);
+    if (!s.ok()) return 15;  // read-only, not refused
+    if (!GetOne(**s, next - 1).ok()) return 16;
+    // A Put makes room by evicting the oldest segment.
+    for (const Status& st : PutStatuses(**s, next, 2)) {
+      if (!st.ok()) return 17;
+    }
+    if (!GetOne(**s, next).ok()) return 18;
+    return 0;
+  });
+  if (rc == 77) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or user namespaces)";
   EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
 }
 

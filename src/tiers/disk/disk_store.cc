@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +105,15 @@ Status CheckProcessLimits(const std::string& dir, uint64_t capacity_bytes, uint6
 
 }  // namespace
 
+bool LogLimiter::Allow() {
+  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = last_s_.load(std::memory_order_relaxed);
+  return (last == kNever || now - last >= kIntervalS) &&
+         last_s_.compare_exchange_strong(last, now, std::memory_order_relaxed);
+}
+
 std::string_view SyncPolicyName(SyncPolicy policy) {
   switch (policy) {
     case SyncPolicy::kNone:
@@ -168,7 +178,8 @@ DiskStore::DiskStore(const DiskOptions& options, RemovalFn on_removed)
     : options_(options),
       segment_bytes_(options.effective_segment_bytes()),
       record_bytes_(options.record_bytes()),
-      on_removed_(std::move(on_removed)) {}
+      on_removed_(std::move(on_removed)),
+      capacity_bytes_(options.capacity_bytes) {}
 
 Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskOptions& options,
                                                    RemovalFn on_removed) {
@@ -440,8 +451,34 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
                  ids.size(), recovered_issues);
   }
 
-  // A fresh active segment; old ones are never appended to (their tails may be torn).
-  KVTIER_RETURN_IF_ERROR(RollSegment(removed));
+  // A filesystem that cannot hold the capacity would fail rolls with ENOSPC: the capacity is
+  // what it can hold (what the segments use plus its free space), at least two segments (the
+  // roll then evicts for room, see RollSegment).
+  struct statvfs fs {};
+  if (::fstatvfs(dir_fd_, &fs) == 0) {
+    uint64_t sealed = 0;
+    {
+      MutexLock l(&mu_);
+      sealed = sealed_bytes_;
+    }
+    const uint64_t room = (sealed + uint64_t{fs.f_bavail} * fs.f_frsize) / kPageBytes * kPageBytes;
+    if (room < capacity_bytes_) {
+      capacity_bytes_ = std::max(room, 2 * segment_bytes_);
+      spdlog::warn(
+          "disk tier {}: the filesystem holds {} bytes for the tier, less than the {} "
+          "of its capacity: using {}",
+          dir, room, options_.capacity_bytes, capacity_bytes_);
+    }
+  }
+  // A fresh active segment; old ones are never appended to (their tails may be torn). When
+  // none can be started (a full or read-only filesystem), what is here is still served: the
+  // tier opens read-only, and every Put tries the roll again (evicting for room then).
+  if (Status st = RollSegment(removed, /*evict_for_space=*/false); !st.ok()) {
+    spdlog::warn(
+        "disk tier {}: {}; opened read-only: the {} blocks here are served, writes "
+        "fail until a segment can be started",
+        dir, st.ToString(), recovered);
+  }
   if (!direct_) {
     notes.push_back(fmt::format("O_DIRECT refused by the filesystem of {}: buffered I/O", dir));
   }
@@ -478,7 +515,7 @@ void DiskStore::Publish(const BlockKey& key, const Location& loc) {
   }
 }
 
-Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
+Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_space) {
   std::shared_ptr<Segment> old;
   {
     MutexLock l(&mu_);
@@ -502,7 +539,57 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
 
   // The new file is made whole before anything is evicted: a roll that fails (EMFILE, ENOSPC,
   // a read-only directory) then loses nothing, and the sealed old segment stays active (full,
-  // so the next write tries the roll again).
+  // so the next write tries the roll again). A filesystem fuller than the capacity says (other
+  // files grew) gives up the oldest segment for the room, as the capacity would have.
+  std::shared_ptr<Segment> seg;
+  for (;;) {
+    int err = 0;
+    Result<std::shared_ptr<Segment>> made = StartSegment(&err);
+    if (made.ok()) {
+      seg = std::move(made).value();
+      break;
+    }
+    if (!evict_for_space || (err != ENOSPC && err != EDQUOT) ||
+        !EvictOldestForSpace(old.get(), removed)) {
+      return made.status();
+    }
+  }
+
+  // Evict oldest segments until the new one fits under the capacity.
+  std::vector<std::pair<BlockKey, Location>> hot;
+  std::vector<std::shared_ptr<Segment>> evicted;
+  for (;;) {
+    uint64_t victim = 0;
+    {
+      MutexLock l(&mu_);
+      const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
+      if (sealed_bytes_ + old_bytes + segment_bytes_ <= capacity_bytes_ || segments_.empty()) {
+        break;
+      }
+      victim = segments_.begin()->first;
+      if (old && victim == old->id) break;  // unreachable: the capacity holds two segments
+      evicted.push_back(segments_.begin()->second);
+    }
+    EvictSegment(victim, removed, &hot);
+  }
+  {
+    MutexLock l(&mu_);
+    if (old) sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
+    segments_[seg->id] = seg;
+    active_ = seg;
+  }
+  if (!hot.empty()) Reinsert(hot, seg, removed);
+  {
+    MutexLock l(&mu_);
+    for (const auto& s : evicted) retiring_.erase(s->id);
+  }
+  // Evicted files are unlinked only now: the hot blocks were read from them above. Readers
+  // holding a segment keep its descriptor open until they finish.
+  for (const auto& s : evicted) ::unlink(s->path.c_str());
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<DiskStore::Segment>> DiskStore::StartSegment(int* err) {
   auto seg = std::make_shared<Segment>();
   seg->id = next_segment_id_++;
   seg->path = options_.path + "/" + SegmentFileName(seg->id);
@@ -513,11 +600,13 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   }
   if (seg->fd < 0) {
+    *err = errno;
     return Status::Unavailable(
         fmt::format("{}: cannot start a new segment: create: {}", seg->path, Errno(errno)));
   }
   auto fail = [&](std::string_view what, ssize_t rc) {
-    const std::string why = rc < 0 ? Errno(errno) : std::string("short write");
+    *err = rc < 0 ? errno : 0;
+    const std::string why = rc < 0 ? Errno(*err) : std::string("short write");
     ::unlink(seg->path.c_str());
     return Status::Unavailable(
         fmt::format("{}: cannot start a new segment: {}: {}", seg->path, what, why));
@@ -545,40 +634,42 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     // The new file's name must survive a crash before any record in it counts as durable.
     if (::fdatasync(seg->fd) == 0 && ::fsync(dir_fd_) == 0) seg->synced = true;
   }
+  return seg;
+}
 
-  // Evict oldest segments until the new one fits under the capacity.
-  std::vector<std::pair<BlockKey, Location>> hot;
-  std::vector<std::shared_ptr<Segment>> evicted;
-  for (;;) {
-    uint64_t victim = 0;
-    {
-      MutexLock l(&mu_);
-      const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
-      if (sealed_bytes_ + old_bytes + segment_bytes_ <= options_.capacity_bytes ||
-          segments_.empty()) {
-        break;
+bool DiskStore::EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* removed) {
+  uint64_t victim = 0;
+  std::string path;
+  {
+    MutexLock l(&mu_);
+    if (segments_.empty()) return false;
+    auto it = segments_.begin();
+    if (keep != nullptr && it->first == keep->id) return false;  // the one just sealed
+    victim = it->first;
+    path = it->second->path;
+  }
+  std::vector<std::pair<BlockKey, Location>> hot;  // no room to copy them forward: dropped
+  EvictSegment(victim, removed, &hot);
+  {
+    MutexLock l(&mu_);
+    for (const auto& [key, loc] : hot) {
+      auto e = index_.find(key);
+      if (e != index_.end() && e->second.seq == loc.seq) {
+        index_.erase(e);
+        removed->push_back(key);
+        evicted_blocks_.fetch_add(1, std::memory_order_relaxed);
       }
-      victim = segments_.begin()->first;
-      if (old && victim == old->id) break;  // unreachable: the capacity holds two segments
-      evicted.push_back(segments_.begin()->second);
     }
-    EvictSegment(victim, removed, &hot);
+    retiring_.erase(victim);
   }
-  {
-    MutexLock l(&mu_);
-    if (old) sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
-    segments_[seg->id] = seg;
-    active_ = seg;
+  ::unlink(path.c_str());
+  space_evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (log_limit_.Allow()) {
+    spdlog::warn(
+        "disk tier {}: the filesystem is full below the capacity: evicted {} early for room",
+        options_.path, path);
   }
-  if (!hot.empty()) Reinsert(hot, seg, removed);
-  {
-    MutexLock l(&mu_);
-    for (const auto& s : evicted) retiring_.erase(s->id);
-  }
-  // Evicted files are unlinked only now: the hot blocks were read from them above. Readers
-  // holding a segment keep its descriptor open until they finish.
-  for (const auto& s : evicted) ::unlink(s->path.c_str());
-  return Status::Ok();
+  return true;
 }
 
 bool DiskStore::RollEvicts(uint64_t first_id) const {
@@ -586,7 +677,7 @@ bool DiskStore::RollEvicts(uint64_t first_id) const {
   for (auto it = segments_.lower_bound(first_id); it != segments_.end(); ++it) {
     newer += it->second->bytes.load(std::memory_order_relaxed);
   }
-  return newer + segment_bytes_ > options_.capacity_bytes;
+  return newer + segment_bytes_ > capacity_bytes_;
 }
 
 void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
@@ -718,13 +809,16 @@ void DiskStore::Put(std::span<const BlockKey> keys,
                 "batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
                 "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
                 "before them kept",
-                keys.size(), keys.size() * record_bytes_, options_.capacity_bytes, segment_bytes_,
-                next, keys.size() - 1));
+                keys.size(), keys.size() * record_bytes_, capacity_bytes_, segment_bytes_, next,
+                keys.size() - 1));
             break;
           }
           stop = RollSegment(&removed);
           if (!stop.ok()) {
-            spdlog::error("disk tier {}: {}", options_.path, stop.ToString());
+            if (log_limit_.Allow()) {
+              spdlog::error("disk tier {}: {} (such errors are logged at most every {} s)",
+                            options_.path, stop.ToString(), LogLimiter::kIntervalS);
+            }
             break;
           }
           MutexLock l(&mu_);
@@ -1133,7 +1227,8 @@ DiskStats DiskStore::stats() const {
                "an io_uring ring failed: new I/O contexts use pread/pwrite";
   }
   s.queue_depth = options_.queue_depth;
-  s.capacity_bytes = options_.capacity_bytes;
+  s.capacity_bytes = capacity_bytes_;
+  s.space_evictions = space_evictions_.load(std::memory_order_relaxed);
   s.segment_bytes = segment_bytes_;
   {
     MutexLock l(&mu_);
