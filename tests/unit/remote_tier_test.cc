@@ -1,8 +1,14 @@
 // RemoteTier against a real single redis-server on 127.0.0.1: round trips, misses, TTL, AUTH,
 // maxmemory, values corrupted inside Redis, a dead or hung server, and the option parser.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -254,6 +260,32 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(got[i].IsNotFound()) << i << ": " << got[i].ToString();
 }
 
+// A key of the wrong type under a tier key (a list written by something else) was answered
+// WRONGTYPE, mapped to Internal and never deleted: EXISTS kept finding it, so the block missed
+// for ever. It is corruption: not served, deleted, reported removed.
+TEST_F(RemoteTierTest, WrongTypeValueIsDroppedLikeCorruption) {
+  auto tier = OpenTier(Options(server_->url()));
+  ASSERT_NE(tier, nullptr);
+  std::vector<BlockKey> removed;
+  tier->SetRemovalListener([&](std::span<const BlockKey> keys) {
+    removed.insert(removed.end(), keys.begin(), keys.end());
+  });
+  std::vector<Status> put;
+  PutKeys(*tier, 2, 12, &put);
+  const std::string rkey = RedisKeyOf(tier->options().key_prefix, SpreadKey(0, 12));
+  ASSERT_TRUE(server_->Command({"DEL", rkey}).ok());
+  ASSERT_TRUE(server_->Command({"RPUSH", rkey, "a", "b"}).ok());
+  std::vector<std::vector<std::byte>> out;
+  std::vector<Status> got = GetKeys(*tier, 2, 12, &out);
+  EXPECT_EQ(got[0].code(), StatusCode::kCorruption) << got[0].ToString();
+  EXPECT_TRUE(got[1].ok()) << got[1].ToString();
+  EXPECT_EQ(tier->remote_stats().corruptions, 1u);
+  ASSERT_EQ(removed.size(), 1u);
+  Result<testing::RedisReplyText> exists = server_->Command({"EXISTS", rkey});
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(exists->text, "0");
+}
+
 TEST_F(RemoteTierTest, ServerAtMaxmemoryRefusesWritesAndServesNothingWrong) {
   RedisServer::Options so;
   so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
@@ -386,6 +418,79 @@ TEST_F(RemoteTierTest, HungServerIsCutOffAtTheDeadline) {
   EXPECT_GE(tier->remote_stats().timeouts, 1u);
   got = GetKeys(*tier, 2, 10, &out);  // a fresh connection; the server runs again
   for (const Status& g : got) EXPECT_TRUE(g.ok()) << g.ToString();
+}
+
+// A fake Redis on a loopback port: it accepts connections and, to every request, answers at
+// most one byte every `drip_ms` (never a whole reply), or nothing at all when drip_ms is 0.
+class StallingServer {
+ public:
+  explicit StallingServer(int drip_ms) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(listen_fd_, 8) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this, drip_ms] {
+      std::vector<int> clients;
+      const std::string reply = "$100000\r\n" + std::string(64, 'x');
+      size_t sent = 0;
+      while (!stop_.load()) {
+        pollfd p{listen_fd_, POLLIN, 0};
+        if (::poll(&p, 1, drip_ms > 0 ? drip_ms : 50) > 0) {
+          const int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+          if (c >= 0) clients.push_back(c);
+        }
+        if (drip_ms > 0 && sent < reply.size()) {
+          for (int c : clients) (void)::send(c, &reply[sent], 1, MSG_NOSIGNAL);
+          ++sent;
+        }
+      }
+      for (int c : clients) ::close(c);
+    });
+  }
+  ~StallingServer() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+
+ private:
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A server dripping a byte well within the op timeout held startup for as long as it dripped
+// (each read was bounded, the whole reply was not): 42.9 s with timeout_ms 1000. A silent one
+// failed with "Resource temporarily unavailable". Now one deadline bounds the whole call, and
+// the error says it timed out.
+TEST(RemoteTierDeadlineTest, StallingServerIsCutOffAtTheOpenDeadline) {
+  for (int drip_ms : {100, 0}) {
+    StallingServer server(drip_ms);
+    ASSERT_NE(server.port(), 0);
+    RemoteTierOptions o;
+    o.layout = SmallLayout(64);
+    o.capacity_bytes = 64 << 20;
+    o.url = server.url();
+    o.timeout_ms = 400;
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::unique_ptr<RemoteTier>> t = RemoteTier::Open(o);
+    const auto took = std::chrono::steady_clock::now() - start;
+    ASSERT_FALSE(t.ok()) << drip_ms;
+    EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status().ToString();
+    EXPECT_NE(t.status().message().find("timed out after"), std::string::npos)
+        << t.status().ToString();
+    EXPECT_LT(took, std::chrono::milliseconds(1500)) << "drip every " << drip_ms << " ms";
+  }
 }
 
 TEST_F(RemoteTierTest, UnreachableAtOpenUnlessLazy) {

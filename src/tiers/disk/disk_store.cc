@@ -105,15 +105,6 @@ Status CheckProcessLimits(const std::string& dir, uint64_t capacity_bytes, uint6
 
 }  // namespace
 
-bool LogLimiter::Allow() {
-  const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
-  int64_t last = last_s_.load(std::memory_order_relaxed);
-  return (last == kNever || now - last >= kIntervalS) &&
-         last_s_.compare_exchange_strong(last, now, std::memory_order_relaxed);
-}
-
 std::string_view SyncPolicyName(SyncPolicy policy) {
   switch (policy) {
     case SyncPolicy::kNone:

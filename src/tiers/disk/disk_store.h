@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
@@ -93,17 +94,6 @@ struct DiskStats {
   uint64_t evicted_blocks = 0;
   uint64_t space_evictions = 0;  // segments evicted early because the filesystem was full
   uint64_t reinserted_blocks = 0;
-};
-
-// At most one message every kIntervalS seconds (a full disk would otherwise log every batch).
-class LogLimiter {
- public:
-  static constexpr int64_t kIntervalS = 10;
-  bool Allow();
-
- private:
-  static constexpr int64_t kNever = INT64_MIN;
-  std::atomic<int64_t> last_s_{kNever};
 };
 
 class DiskStore {
