@@ -94,6 +94,21 @@ expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
 
 expect_error "disk verify of a missing directory names it" "$work/nope" -- \
   "$kvtier" disk verify "$work/nope"
+# Out of memory under a limit: a message and exit 1, not an abort (exit 134).
+( ulimit -v 1000000 && "$kvtier" replay --cache-only --synthetic 100000000000 \
+    >"$work/out" 2>"$work/err" ); rc=$?
+if [ "$rc" -ne 1 ] || ! grep -q "out of memory" "$work/err"; then
+  fail "out of memory is reported: exit $rc, $(tail -c 300 "$work/err")"
+else
+  echo "ok: out of memory is reported"
+fi
+
+# An unwritable --json is refused before the run, not after it (the demo takes seconds).
+start=$(date +%s)
+expect_error "demo refuses an unwritable --json first" "cannot write $work/no/such/dir/d.json" -- \
+  "$kvtier" demo --model tiny --json "$work/no/such/dir/d.json"
+if [ $(( $(date +%s) - start )) -gt 2 ]; then fail "demo ran before refusing its --json path"; fi
+
 mkdir -p "$work/empty"
 expect_error "disk verify of a directory without segments says so" "no segment files" -- \
   "$kvtier" disk verify "$work/empty"
