@@ -1,7 +1,11 @@
 // Trace readers: the shipped traces parse as documented, bad input gets one clear error that
 // names the file and the line or request, and the replay order follows doc/replay.md.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -136,6 +140,38 @@ TEST(DetectFormat, TellsAgentXFromMooncake) {
   EXPECT_EQ(DetectFormat("[]", "z.json").status().message(),
             "z.json: not a trace (expected a JSON object at line 1)");
   EXPECT_FALSE(DetectFormat("{\"foo\": 1}", "f.json").ok());
+}
+
+// A file that is no trace was read whole before its format was looked at (a 5 GB sparse file:
+// 27 s and 5.3 GB of memory to be refused). Now the head decides: under an address-space limit
+// far below the file's size, it is refused, not read. Runs in a child (the limit stays there).
+TEST(LoadTraces, FileThatIsNoTraceIsRefusedFromItsHead) {
+  const std::string path = ::testing::TempDir() + "/sparse_" + std::to_string(::getpid()) + ".json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+    std::filesystem::resize_file(path, 4ull << 30);  // 4 GiB of holes
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(20);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    lim.rlim_cur = 2ull << 30;  // less than the file
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    const std::vector<std::string> paths = {path};
+    Result<std::vector<workload::Trace>> t = workload::LoadTraces(paths, std::nullopt);
+    if (t.ok()) _exit(11);
+    if (t.status().message().find("not a trace") == std::string::npos) _exit(12);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "check failed";
 }
 
 TEST(LoadTraces, ShippedTracesMatchTheirReadme) {
