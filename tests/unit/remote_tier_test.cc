@@ -8,12 +8,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <vector>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "testing/redis_harness.h"
 #include "testing/test_util.h"
@@ -28,6 +33,27 @@ using testing::RedisMissingReason;
 using testing::RedisServer;
 using testing::SmallLayout;
 using testing::SpreadKey;
+
+// While alive, captures what the default logger writes: the tier logged nothing about outages
+// and corruption, so these tests check that it does now.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() {
+    sink_->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
 
 class RemoteTierTest : public ::testing::Test {
  protected:
@@ -247,7 +273,10 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
   ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, SpreadKey(3, 6)), v4->text}).ok());
 
   std::vector<std::vector<std::byte>> out;
+  LogCapture log;
   std::vector<Status> got = GetKeys(*tier, 5, 6, &out);
+  EXPECT_NE(log.text().find("4 value(s) failed verification and are deleted"), std::string::npos)
+      << log.text();
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(got[i].code(), StatusCode::kCorruption) << i << ": " << got[i].ToString();
   }
@@ -368,6 +397,7 @@ TEST_F(RemoteTierTest, DeadServerFailsFastThenComesBack) {
   std::vector<Status> put;
   PutKeys(*tier, 4, 9, &put);
   ASSERT_TRUE(put[0].ok());
+  LogCapture log;
   ASSERT_TRUE(server.Kill().ok());
 
   for (int round = 0; round < 6; ++round) {
@@ -381,6 +411,8 @@ TEST_F(RemoteTierTest, DeadServerFailsFastThenComesBack) {
   RemoteStats rs = tier->remote_stats();
   EXPECT_GE(rs.breaker_opens, 1u);
   EXPECT_GE(rs.fast_failures, 1u) << "an open breaker should refuse without connecting";
+  EXPECT_NE(log.text().find(server.address() + ": circuit opened"), std::string::npos)
+      << log.text();
 
   ASSERT_TRUE(server.Restart().ok());
   // The breaker probes again after its backoff (<= 125 ms here); the data died with the server.
@@ -394,6 +426,9 @@ TEST_F(RemoteTierTest, DeadServerFailsFastThenComesBack) {
   std::vector<std::vector<std::byte>> out;
   std::vector<Status> got = GetKeys(*tier, 4, 9, &out);
   for (const Status& g : got) EXPECT_TRUE(g.ok()) << g.ToString();
+  EXPECT_NE(log.text().find(server.address() + ": answers again; circuit closed"),
+            std::string::npos)
+      << log.text();
 }
 
 TEST_F(RemoteTierTest, HungServerIsCutOffAtTheDeadline) {
@@ -406,6 +441,7 @@ TEST_F(RemoteTierTest, HungServerIsCutOffAtTheDeadline) {
   std::vector<Status> put;
   PutKeys(*tier, 2, 10, &put);
   ASSERT_TRUE(put[0].ok());
+  LogCapture log;
   ASSERT_EQ(kill((*s)->pid(), SIGSTOP), 0);
   auto start = std::chrono::steady_clock::now();
   std::vector<std::vector<std::byte>> out;
@@ -416,6 +452,7 @@ TEST_F(RemoteTierTest, HungServerIsCutOffAtTheDeadline) {
   EXPECT_LT(took, std::chrono::milliseconds(700));
   for (const Status& g : got) EXPECT_EQ(g.code(), StatusCode::kUnavailable) << g.ToString();
   EXPECT_GE(tier->remote_stats().timeouts, 1u);
+  EXPECT_NE(log.text().find("timed out after 200 ms"), std::string::npos) << log.text();
   got = GetKeys(*tier, 2, 10, &out);  // a fresh connection; the server runs again
   for (const Status& g : got) EXPECT_TRUE(g.ok()) << g.ToString();
 }
