@@ -110,6 +110,19 @@ TEST(AgentXReader, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(e.rfind("comma.json: line 2, column ", 0), 0u) << e;
 }
 
+// An integer too large for 64 bits is valid JSON that simdjson refuses with "Problem while
+// parsing a number" and no place: the error now names the value's path (and line, for JSONL).
+TEST(AgentXReader, IntegerTooLargeNamesItsPath) {
+  EXPECT_EQ(Err(ParseAgentX("{\"block_size\": 64, \"requests\": [{\"t\": 0, \"in\": 1},\n"
+                            "{\"t\": 1, \"in\": 99999999999999999999999}]}",
+                            "big.json")),
+            "big.json: requests[1].in: integer 99999999999999999999999 does not fit in 64 bits");
+  EXPECT_EQ(Err(ParseMooncake("{\"timestamp\": 0, \"input_length\": 99999999999999999999999, "
+                              "\"hash_ids\": [1]}\n",
+                              "big.jsonl")),
+            "big.jsonl:1: input_length: integer 99999999999999999999999 does not fit in 64 bits");
+}
+
 TEST(MooncakeReader, ParsesAndNamesTheLineOfABadRecord) {
   const std::string good =
       "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n"
