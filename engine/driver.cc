@@ -49,6 +49,15 @@ Result<WorkloadReport> RunWorkload(Engine* engine, Engine* reference, const Work
   KVTIER_RETURN_IF_ERROR(o.Validate());
   KVTIER_RETURN_IF_ERROR(
       CheckPool("main", *engine, WorkloadPoolBlocks(o, engine->options().block_tokens)));
+  // The longest turn must fit the model's positions: refused now, not after the turns before.
+  if (const uint64_t longest = o.MaxPromptTokens() + std::max<uint32_t>(o.decode_tokens, 1) - 1;
+      longest > engine->config().max_positions) {
+    return Status::InvalidArgument(
+        "workload: the longest turn holds " + std::to_string(o.MaxPromptTokens()) + " prompt and " +
+        std::to_string(o.decode_tokens) + " decode tokens, more than the " +
+        std::to_string(engine->config().max_positions) + " positions of model '" +
+        engine->config().name + "' (lower --turns, --turn-tokens or --decode)");
+  }
   if (reference != nullptr) {  // it recomputes each prompt with one decoded token
     KVTIER_RETURN_IF_ERROR(
         CheckPool("reference", *reference,

@@ -1,7 +1,11 @@
 #include "engine/engine.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -23,6 +27,37 @@ class TableGuard {
  private:
   KvPool* pool_;
 };
+
+// Address space the process maps now (0 when /proc cannot tell).
+uint64_t MappedBytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  unsigned long long pages = 0;
+  const int got = std::fscanf(f, "%llu", &pages);
+  std::fclose(f);
+  return got == 1 ? pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// Under a virtual-memory limit (ulimit -v) too small for the model, an allocation fails deep in
+// a turn, where OpenBLAS retries it for ever: the engine would hang. Refused up front instead,
+// with what it needs: the weights and the pool, plus OpenBLAS's per-thread buffers and the
+// activations (kBlasBytesPerThread each, a generous bound).
+Status CheckAddressSpace(const ModelConfig& c, const EngineOptions& o, bool weights_loaded) {
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return Status::Ok();
+  constexpr uint64_t kBlasBytesPerThread = 64ull << 20;
+  const uint64_t weights = weights_loaded ? 0 : c.num_params() * sizeof(float);
+  const uint64_t pool = o.pool_blocks * c.Layout(o.block_tokens).bytes_per_block();
+  const uint64_t need = weights + pool + kBlasBytesPerThread * (uint64_t(o.threads) + 1);
+  const uint64_t mapped = MappedBytes();
+  const uint64_t limit = static_cast<uint64_t>(as.rlim_cur);
+  if (mapped + need <= limit) return Status::Ok();
+  return Status::ResourceExhausted(
+      "engine: model '" + c.name + "' with a pool of " + std::to_string(o.pool_blocks) +
+      " blocks needs about " + FormatBytes(need) + " more memory, but the process may map only " +
+      FormatBytes(limit) + " (ulimit -v) and maps " + FormatBytes(mapped) +
+      " already: raise the limit, or use a smaller model or pool");
+}
 
 }  // namespace
 
@@ -70,11 +105,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   std::string revision;
   if (!options.gguf.empty()) {
     KVTIER_ASSIGN_OR_RETURN(GgufModel g, LoadGguf(options.gguf));
+    KVTIER_RETURN_IF_ERROR(CheckAddressSpace(g.config, options, /*weights_loaded=*/true));
     config = std::move(g.config);
     weights = std::make_shared<const Weights>(std::move(g.weights));
     revision = std::move(g.revision);
   } else {
     KVTIER_ASSIGN_OR_RETURN(config, ModelPreset(options.model));
+    KVTIER_RETURN_IF_ERROR(CheckAddressSpace(config, options, /*weights_loaded=*/false));
     weights = std::make_shared<const Weights>(RandomWeights(config, options.seed));
     revision = RandomWeightsRevision(config, options.seed);
   }

@@ -2,25 +2,74 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace kvtier::workload {
 namespace {
 
 // Accepts everything and records the first error; returning false stops the parser without
-// throwing.
+// throwing. It tracks the path of the current value ("requests[3].in"), so an integer too
+// large for 64 bits (valid JSON, but refused by simdjson with no position) is named by path.
 struct ErrorSax : nlohmann::json_sax<nlohmann::json> {
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
+  struct Frame {
+    bool array = false;
+    size_t index = 0;
+    std::string key;
+  };
+  std::vector<Frame> frames;
+
+  std::string Path() const {
+    std::string p;
+    for (const Frame& f : frames) {
+      if (f.array) {
+        p += "[" + std::to_string(f.index) + "]";
+      } else {
+        p += (p.empty() ? "" : ".") + f.key;
+      }
+    }
+    return p.empty() ? "top level" : p;
+  }
+  bool Done() {  // a value ended: the enclosing array moves to its next element
+    if (!frames.empty() && frames.back().array) ++frames.back().index;
+    return true;
+  }
+
+  bool null() override { return Done(); }
+  bool boolean(bool) override { return Done(); }
+  bool number_integer(number_integer_t) override { return Done(); }
+  bool number_unsigned(number_unsigned_t) override { return Done(); }
+  bool number_float(number_float_t, const string_t& text) override {
+    const bool integer = !text.empty() && text.find_first_of(".eE") == std::string::npos;
+    if (integer && !too_large) {
+      too_large = true;
+      big_path = Path();
+      big_text = text.substr(0, 40);
+    }
+    return Done();
+  }
+  bool string(string_t&) override { return Done(); }
+  bool binary(binary_t&) override { return Done(); }
+  bool start_object(std::size_t) override {
+    frames.push_back({});
+    return true;
+  }
+  bool key(string_t& k) override {
+    frames.back().key = k;
+    return true;
+  }
+  bool end_object() override {
+    frames.pop_back();
+    return Done();
+  }
+  bool start_array(std::size_t) override {
+    frames.push_back({true, 0, {}});
+    return true;
+  }
+  bool end_array() override {
+    frames.pop_back();
+    return Done();
+  }
   bool parse_error(std::size_t pos, const std::string& last_token,
                    const nlohmann::detail::exception&) override {
     failed = true;
@@ -32,6 +81,8 @@ struct ErrorSax : nlohmann::json_sax<nlohmann::json> {
   bool failed = false;
   size_t position = 0;
   std::string token;
+  bool too_large = false;
+  std::string big_path, big_text;
 };
 
 }  // namespace
@@ -45,7 +96,10 @@ std::string LocateJsonError(std::string_view text) {
   ErrorSax sax;
   nlohmann::json::sax_parse(text.begin(), text.end(), &sax, nlohmann::json::input_format_t::json,
                             /*strict=*/true);
-  if (!sax.failed) return {};
+  if (!sax.failed) {
+    if (!sax.too_large) return {};
+    return sax.big_path + ": integer " + sax.big_text + " does not fit in 64 bits";
+  }
   // nlohmann's position is one past the offending byte.
   const size_t at = sax.position > 0 ? sax.position - 1 : 0;
   const size_t line = LineOfOffset(text, at);

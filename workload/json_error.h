@@ -10,7 +10,8 @@
 
 namespace kvtier::workload {
 
-// "line 3, column 17: syntax error ..." for invalid JSON; empty when `text` parses.
+// "line 3, column 17: syntax error ..." for invalid JSON; "requests[2].in: integer ... does not
+// fit in 64 bits" for valid JSON with such an integer (which simdjson refuses); else empty.
 std::string LocateJsonError(std::string_view text);
 
 // Line (1-based) holding byte `offset` of `text`.

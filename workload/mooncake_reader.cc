@@ -52,8 +52,9 @@ Result<Trace> ParseMooncake(std::string_view jsonl, std::string_view source,
     element doc;
     if (auto err = parser.parse(line.data(), line.size()).get(doc); err != simdjson::SUCCESS) {
       std::string located = LocateJsonError(line);
-      return fail(located.empty() ? simdjson::error_message(err)
-                                  : located.substr(located.find(',') + 2));
+      if (located.empty()) return fail(simdjson::error_message(err));
+      // Within one line: its column, or the key path of a number too large.
+      return fail(located.starts_with("line ") ? located.substr(located.find(',') + 2) : located);
     }
     object o;
     if (doc.get_object().get(o) != simdjson::SUCCESS) return fail("record is not a JSON object");

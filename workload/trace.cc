@@ -72,6 +72,16 @@ Result<TraceFormat> DetectFormat(std::string_view head, std::string_view source)
 
 namespace {
 
+// The first `bytes` of a file (fewer when it is shorter): enough to tell its format.
+Result<std::string> ReadHead(const std::string& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidArgument(path + ": cannot open");
+  std::string head(bytes, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(bytes));
+  head.resize(static_cast<size_t>(in.gcount()));
+  return head;
+}
+
 Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::InvalidArgument(path + ": cannot open");
@@ -120,13 +130,16 @@ Result<std::vector<Trace>> LoadTraces(std::span<const std::string> paths,
   std::vector<Trace> traces;
   traces.reserve(files.size());
   for (const auto& f : files) {
-    KVTIER_ASSIGN_OR_RETURN(std::string data, ReadFile(f));
+    // The format comes from the head, before the file is read whole: a file that is no trace
+    // (a 5 GB image, a sparse file) is refused after 64 KiB, not after reading it all.
     TraceFormat fmt;
     if (format) {
       fmt = *format;
     } else {
-      KVTIER_ASSIGN_OR_RETURN(fmt, DetectFormat(std::string_view(data).substr(0, 1 << 16), f));
+      KVTIER_ASSIGN_OR_RETURN(std::string head, ReadHead(f, 1 << 16));
+      KVTIER_ASSIGN_OR_RETURN(fmt, DetectFormat(head, f));
     }
+    KVTIER_ASSIGN_OR_RETURN(std::string data, ReadFile(f));
     Result<Trace> t = fmt == TraceFormat::kMooncake ? ParseMooncake(data, f) : ParseAgentX(data, f);
     if (!t.ok()) return t.status();
     traces.push_back(std::move(t).value());

@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "kvtier/config.h"
+#include "tiers/disk/disk_tier.h"
+#include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
 namespace {
@@ -154,7 +156,37 @@ class Reader {
     return a;
   }
 
-  Result<TierSpec> Tier(const YAML::Node& n, const std::string& path) const {
+  // A kind's parameters are checked here, where the line of each is known, by the same parser
+  // that opens the tier ("params.KEY: why" names the key).
+  Status CheckTierParams(const YAML::Node& n, const std::string& path, const TierSpec& t,
+                         const KvLayout& layout) const {
+    Status st;
+    if (t.kind == "disk") {
+      st = disk::DiskOptionsFromParams(t.params).status();
+    } else if (t.kind == "remote") {
+      st = remote::RemoteTierOptionsFromParams(t.name.empty() ? t.kind : t.name, layout,
+                                               t.capacity_bytes, t.params)
+               .status();
+    }
+    if (st.ok()) return st;
+    std::string msg = st.message();
+    const YAML::Node& params = n["params"];
+    std::string key;
+    if (msg.starts_with("params.")) {
+      const size_t colon = msg.find(": ");
+      if (colon != std::string::npos) {
+        key = msg.substr(7, colon - 7);
+        msg = msg.substr(colon + 2);
+      }
+    }
+    if (!key.empty() && params && params.IsMap() && params[key]) {
+      return Error(params[key], Join(Join(path, "params"), key), msg);
+    }
+    return Error(params ? params : n, Join(path, key.empty() ? "params" : "params." + key), msg);
+  }
+
+  Result<TierSpec> Tier(const YAML::Node& n, const std::string& path,
+                        const KvLayout& layout) const {
     KVTIER_RETURN_IF_ERROR(CheckKeys(
         n, path, {"kind", "name", "capacity", "threads", "eviction", "admission", "params"}));
     TierSpec t;
@@ -189,6 +221,7 @@ class Reader {
         t.params[key] = value;
       }
     }
+    KVTIER_RETURN_IF_ERROR(CheckTierParams(n, path, t, layout));
     return t;
   }
 
@@ -234,7 +267,8 @@ class Reader {
     if (!tiers || !tiers.IsSequence() || tiers.size() == 0)
       return Error(root, "tiers", "want a non-empty list of tiers");
     for (size_t i = 0; i < tiers.size(); ++i) {
-      KVTIER_ASSIGN_OR_RETURN(TierSpec t, Tier(tiers[i], "tiers[" + std::to_string(i) + "]"));
+      KVTIER_ASSIGN_OR_RETURN(TierSpec t,
+                              Tier(tiers[i], "tiers[" + std::to_string(i) + "]", o.layout));
       o.tiers.push_back(std::move(t));
     }
     Status v = o.Validate();

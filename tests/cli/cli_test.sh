@@ -2,10 +2,11 @@
 # Runs the kvtier tool as a user would: every --json result must be one clean JSON document on
 # stdout (logs go to stderr), bad input must fail with a message naming it, and the main
 # commands must run end to end on tiny inputs.
-# Usage: cli_test.sh KVTIER_BINARY SHARED_TRACES_DIR
+# Usage: cli_test.sh KVTIER_BINARY SHARED_TRACES_DIR [DISK_FIXTURE_BINARY]
 set -u
 kvtier=$1
 traces=$2
+disk_fixture=${3:-}
 # /var/tmp: disk-backed on Debian (bench disk needs O_DIRECT, which older tmpfs lacks).
 work=$(mktemp -d -p "${TMPDIR:-/var/tmp}")
 trap 'rm -rf "$work"' EXIT
@@ -99,6 +100,72 @@ expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
 
 expect_error "disk verify of a missing directory names it" "$work/nope" -- \
   "$kvtier" disk verify "$work/nope"
+# Out of memory under a limit: a message and exit 1, not an abort (exit 134).
+( ulimit -v 1000000 && "$kvtier" replay --cache-only --synthetic 100000000000 \
+    >"$work/out" 2>"$work/err" ); rc=$?
+if [ "$rc" -ne 1 ] || ! grep -q "out of memory" "$work/err"; then
+  fail "out of memory is reported: exit $rc, $(tail -c 300 "$work/err")"
+else
+  echo "ok: out of memory is reported"
+fi
+
+# An unwritable --json is refused before the run, not after it (the demo takes seconds).
+start=$(date +%s)
+expect_error "demo refuses an unwritable --json first" "cannot write $work/no/such/dir/d.json" -- \
+  "$kvtier" demo --model tiny --json "$work/no/such/dir/d.json"
+if [ $(( $(date +%s) - start )) -gt 2 ]; then fail "demo ran before refusing its --json path"; fi
+
+mkdir -p "$work/empty"
+expect_error "disk verify of a directory without segments says so" "no segment files" -- \
+  "$kvtier" disk verify "$work/empty"
+
+# expect_ok_with NAME PATTERN -- COMMAND...: the command exits 0 and says PATTERN on stdout.
+expect_ok_with() {
+  local name=$1 pattern=$2
+  shift 3
+  if ! "$@" >"$work/out" 2>"$work/err"; then
+    fail "$name: exit $? ($(tail -n 3 "$work/err"))"
+    return
+  fi
+  if ! grep -q -- "$pattern" "$work/out"; then
+    fail "$name: stdout lacks '$pattern': $(head -c 300 "$work/out")"
+    return
+  fi
+  echo "ok: $name"
+}
+# expect_fail_with NAME PATTERN -- COMMAND...: the command exits non-zero, PATTERN on stdout.
+expect_fail_with() {
+  local name=$1 pattern=$2
+  shift 3
+  if "$@" >"$work/out" 2>"$work/err"; then
+    fail "$name: exited 0 ($(tail -n 3 "$work/out"))"
+    return
+  fi
+  if ! grep -q -- "$pattern" "$work/out"; then
+    fail "$name: stdout lacks '$pattern': $(head -c 300 "$work/out")"
+    return
+  fi
+  echo "ok: $name"
+}
+
+if [ -n "$disk_fixture" ]; then
+  for kind in clean sealed-tail superseded; do
+    "$disk_fixture" "$work/disk-$kind" "$kind" || fail "disk_fixture $kind: exit $?"
+  done
+  expect_ok_with "disk verify of a clean directory" "0 corrupt" -- \
+    "$kvtier" disk verify "$work/disk-clean"
+  # Only the newest segment can be torn by a crash; an unparsable end of a sealed one is damage.
+  expect_fail_with "disk verify: the end of a sealed segment is not a torn tail" \
+    "CORRUPT seg-00000001.kvs" -- "$kvtier" disk verify "$work/disk-sealed-tail"
+  # A bad copy that a later one replaced is never served: a note, not corruption.
+  expect_ok_with "disk verify: a superseded copy is not corruption" "superseded copy" -- \
+    "$kvtier" disk verify "$work/disk-superseded"
+  cp "$work/disk-clean/seg-00000001.kvs" "$work/disk-clean/seg-00000001.kvs.bak"
+  expect_fail_with "disk verify names a file that is not a segment" \
+    "STRAY   seg-00000001.kvs.bak" -- "$kvtier" disk verify "$work/disk-clean"
+else
+  echo "skip: disk verify fixtures (no disk_fixture binary given)"
+fi
 
 # The engine commands size their KV pool to the run when --pool-blocks is not given (with 16-token
 # blocks, calibrate needs 65 and the default demo 49, more than their defaults of 64 and 16),

@@ -88,6 +88,23 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
   ExpectError("layout: [unclosed\n", "bad.yaml:");
 }
 
+// Tier parameters were checked only when the tier opened, with no file or line ("tier 'disk':
+// params.segment_bytes: ..."), although this page promises both for every error.
+TEST(ConfigTest, TierParameterErrorsNameFileLineAndKey) {
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: disk\n    capacity: 1GiB\n    params:\n"
+      "      path: /tmp/x\n      segment_bytes: lots\n",
+      "bad.yaml:7: tiers[0].params.segment_bytes: 'lots' is not a byte size");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: disk\n    capacity: 1GiB\n    params:\n"
+      "      path: /tmp/x\n      colour: blue\n",
+      "bad.yaml:7: tiers[0].params.colour: unknown disk tier param");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: remote\n    capacity: 1GiB\n"
+      "    params: {url: 'redis://127.0.0.1:6379', timeout_ms: soon}\n",
+      "bad.yaml:5: tiers[0].params.timeout_ms:");
+}
+
 TEST(ConfigTest, LoadsAFile) {
   testing::TempDir dir;
   std::string path = dir.path() + "/kvtier.yaml";

@@ -122,6 +122,7 @@ class MemSegment {
     SegmentHeader h;
     h.segment_id = 1;
     h.layout_fingerprint = fingerprint;
+    h.block_bytes = 8192;
     EncodeSegmentHeader(h, bytes_);
   }
   uint64_t Add(uint64_t n, uint64_t payload, uint64_t fingerprint) {
@@ -190,6 +191,28 @@ TEST(DiskScanTest, TruncatedLastRecordIsATornTail) {
   EXPECT_EQ(scan.issues[0].kind, ScanIssue::Kind::kTornTail);
   EXPECT_EQ(scan.issues[0].offset, last);
   EXPECT_FALSE(scan.issues[0].is_corruption());
+}
+
+// A header whose checksum matches but whose length is impossible (past the end of the file, or
+// not the segment's block size) was taken for a torn tail: the scan stopped there and the
+// records behind it were cut off at open. It is corruption, and the scan resyncs past it.
+TEST(DiskScanTest, ImpossibleLengthInASealedSegmentIsCorruptionNotATornTail) {
+  for (uint64_t bad_payload : {uint64_t{1} << 40, uint64_t{4096}}) {
+    MemSegment seg(9);
+    std::vector<uint64_t> offs;
+    for (uint64_t n = 0; n < 5; ++n) offs.push_back(seg.Add(n));
+    RecordHeader h = SampleRecord(2, bad_payload);
+    h.layout_fingerprint = 9;
+    EncodeRecordHeader(h, std::span<std::byte>(seg.bytes()).subspan(offs[2], kPageBytes));
+    SegmentScan scan = seg.Scan();
+    ASSERT_EQ(scan.records.size(), 4u) << bad_payload;
+    EXPECT_EQ(scan.records[2].offset, offs[3]);
+    EXPECT_EQ(scan.records[3].offset, offs[4]);
+    ASSERT_EQ(scan.issues.size(), 1u);
+    EXPECT_EQ(scan.issues[0].kind, ScanIssue::Kind::kCorruptHeader) << scan.issues[0].message;
+    EXPECT_EQ(scan.issues[0].offset, offs[2]);
+    EXPECT_EQ(scan.issues[0].length, offs[3] - offs[2]);
+  }
 }
 
 TEST(DiskScanTest, GarbageToEndOfFileIsATornTail) {

@@ -63,6 +63,27 @@ TEST(EngineDriver, SessionsReuseThePoolAndTheHostAndMatchTheRecompute) {
   EXPECT_EQ(RunWorkload(s->engine.get(), nullptr, w).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A workload whose last turn exceeds the model's positions computed every turn before it (7 s
+// of demo --decode 100000) and only then failed: it is refused before the first turn.
+TEST(EngineDriver, WorkloadLongerThanTheModelIsRefusedBeforeAnyTurn) {
+  SetBlasThreads(1);
+  WorkloadOptions w;
+  w.sessions = 1;
+  w.turns = 3;
+  w.system_tokens = 48;
+  w.first_user_tokens = 40;
+  w.turn_tokens = 30;
+  w.decode_tokens = 2000;  // tiny has 4096 positions: turn 2 holds 4000+ prompt tokens
+  Result<EngineSetup> s = BuildEngine(Tiny(WorkloadPoolBlocks(w, 16)), 64 << 20);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  uint32_t seen = 0;
+  Result<WorkloadReport> rep =
+      RunWorkload(s->engine.get(), nullptr, w, [&](const TurnRecord&) { ++seen; });
+  ASSERT_EQ(rep.status().code(), StatusCode::kInvalidArgument) << rep.status().ToString();
+  EXPECT_NE(rep.status().message().find("positions"), std::string::npos) << rep.status().message();
+  EXPECT_EQ(seen, 0u);
+}
+
 TEST(EngineDriver, CalibrationAndCrossoverAreConsistent) {
   SetBlasThreads(1);
   Result<EngineSetup> s = BuildEngine(Tiny(64), 64 << 20);

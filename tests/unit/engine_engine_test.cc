@@ -4,7 +4,11 @@
 #include "engine/engine.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -349,6 +353,37 @@ TEST_F(EngineWithCache, BadTurnsFailCleanly) {
   EngineOptions o = Options();
   o.model = "nope";
   EXPECT_EQ(Engine::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Under a ulimit -v too small for the model the engine hung mid-prefill (OpenBLAS retrying an
+// allocation for ever) or aborted on std::bad_alloc building the weights. Now Create refuses,
+// naming the limit. Runs in a child, which an alarm kills if it hangs.
+TEST(EngineLimits, AddressSpaceTooSmallForTheModelIsRefusedAtCreate) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(20);
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    unsigned long long pages = 0;
+    if (f == nullptr || std::fscanf(f, "%llu", &pages) != 1) _exit(10);
+    std::fclose(f);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    // 100 MiB more than the process maps now: 'small' needs about 300 MiB of weights.
+    lim.rlim_cur = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + (100ull << 20);
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(11);
+    EngineOptions o = Options();
+    o.model = "small";
+    Result<std::unique_ptr<Engine>> e = Engine::Create(o);
+    if (e.ok()) _exit(12);
+    if (e.status().code() != StatusCode::kResourceExhausted) _exit(13);
+    if (e.status().message().find("ulimit -v") == std::string::npos) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "check failed";
 }
 
 }  // namespace

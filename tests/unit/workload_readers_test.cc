@@ -1,7 +1,11 @@
 // Trace readers: the shipped traces parse as documented, bad input gets one clear error that
 // names the file and the line or request, and the replay order follows doc/replay.md.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -106,6 +110,19 @@ TEST(AgentXReader, SyntaxErrorsNameTheLine) {
   EXPECT_EQ(e.rfind("comma.json: line 2, column ", 0), 0u) << e;
 }
 
+// An integer too large for 64 bits is valid JSON that simdjson refuses with "Problem while
+// parsing a number" and no place: the error now names the value's path (and line, for JSONL).
+TEST(AgentXReader, IntegerTooLargeNamesItsPath) {
+  EXPECT_EQ(Err(ParseAgentX("{\"block_size\": 64, \"requests\": [{\"t\": 0, \"in\": 1},\n"
+                            "{\"t\": 1, \"in\": 99999999999999999999999}]}",
+                            "big.json")),
+            "big.json: requests[1].in: integer 99999999999999999999999 does not fit in 64 bits");
+  EXPECT_EQ(Err(ParseMooncake("{\"timestamp\": 0, \"input_length\": 99999999999999999999999, "
+                              "\"hash_ids\": [1]}\n",
+                              "big.jsonl")),
+            "big.jsonl:1: input_length: integer 99999999999999999999999 does not fit in 64 bits");
+}
+
 TEST(MooncakeReader, ParsesAndNamesTheLineOfABadRecord) {
   const std::string good =
       "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [0, 1]}\n"
@@ -136,6 +153,38 @@ TEST(DetectFormat, TellsAgentXFromMooncake) {
   EXPECT_EQ(DetectFormat("[]", "z.json").status().message(),
             "z.json: not a trace (expected a JSON object at line 1)");
   EXPECT_FALSE(DetectFormat("{\"foo\": 1}", "f.json").ok());
+}
+
+// A file that is no trace was read whole before its format was looked at (a 5 GB sparse file:
+// 27 s and 5.3 GB of memory to be refused). Now the head decides: under an address-space limit
+// far below the file's size, it is refused, not read. Runs in a child (the limit stays there).
+TEST(LoadTraces, FileThatIsNoTraceIsRefusedFromItsHead) {
+  const std::string path = ::testing::TempDir() + "/sparse_" + std::to_string(::getpid()) + ".json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+    std::filesystem::resize_file(path, 4ull << 30);  // 4 GiB of holes
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(20);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    lim.rlim_cur = 2ull << 30;  // less than the file
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    const std::vector<std::string> paths = {path};
+    Result<std::vector<workload::Trace>> t = workload::LoadTraces(paths, std::nullopt);
+    if (t.ok()) _exit(11);
+    if (t.status().message().find("not a trace") == std::string::npos) _exit(12);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "check failed";
 }
 
 TEST(LoadTraces, ShippedTracesMatchTheirReadme) {

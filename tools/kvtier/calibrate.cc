@@ -22,6 +22,7 @@ struct CalibrateFlags {
 
 int RunCalibrate(const CalibrateFlags& f) {
   using namespace kvtier;
+  if (!cli::OutputWritable("calibrate", f.json)) return 1;
   cli::PrepareBlas();
   engine::CalibrationOptions opt;
   opt.reps = f.reps;

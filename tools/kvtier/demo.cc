@@ -17,6 +17,7 @@ namespace {
 using namespace kvtier;
 
 int RunDemo(const cli::SessionFlags& f) {
+  if (!cli::OutputWritable("demo", f.json)) return 1;
   cli::PrepareBlas();
   int rc = 0;
   std::optional<engine::EngineSetup> setup = f.engine.Build("demo", f.PoolBlocks(), &rc);

@@ -40,6 +40,11 @@ struct SegmentInfo {
 
 struct DirInfo {
   std::vector<SegmentInfo> segments;
+  // Files named like segments (seg-*, *.kvs) that do not parse as one: the tier never reads
+  // them, so what they hold is lost to it.
+  std::vector<std::string> strays;
+  // The newest sequence number of each key (put or tombstone): an older copy is dead.
+  std::unordered_map<BlockKey, uint64_t, BlockKeyHash> newest_seq;
   uint64_t live_blocks = 0;
   uint64_t live_bytes = 0;
   uint64_t file_bytes = 0;
@@ -54,10 +59,16 @@ bool LoadDir(const std::string& dir, DirInfo* info, std::string* error) {
   }
   std::vector<uint64_t> ids;
   while (dirent* e = ::readdir(d)) {
-    if (auto id = disk::ParseSegmentFileName(e->d_name)) ids.push_back(*id);
+    const std::string_view name = e->d_name;
+    if (auto id = disk::ParseSegmentFileName(name)) {
+      ids.push_back(*id);
+    } else if (name.starts_with("seg-") || name.ends_with(".kvs")) {
+      info->strays.emplace_back(name);
+    }
   }
   ::closedir(d);
   std::sort(ids.begin(), ids.end());
+  std::sort(info->strays.begin(), info->strays.end());
   struct Live {
     size_t segment;
     uint64_t seq;
@@ -82,6 +93,8 @@ bool LoadDir(const std::string& dir, DirInfo* info, std::string* error) {
     info->file_bytes += s.scan.file_bytes;
     const size_t index = info->segments.size();
     for (const auto& r : s.scan.records) {
+      uint64_t& newest = info->newest_seq[r.header.key];
+      newest = std::max(newest, r.header.sequence);
       auto it = live.find(r.header.key);
       if (r.header.type == disk::RecordType::kTombstone) {
         ++s.tombstones;
@@ -130,6 +143,7 @@ int Inspect(const std::string& dir, bool json) {
     j["live_blocks"] = info.live_blocks;
     j["live_bytes"] = info.live_bytes;
     j["file_bytes"] = info.file_bytes;
+    j["strays"] = info.strays;
     j["dead_bytes"] = info.file_bytes - std::min(info.file_bytes, info.live_bytes);
     for (const auto& s : info.segments) {
       nlohmann::json js;
@@ -172,6 +186,10 @@ int Inspect(const std::string& dir, bool json) {
                                                 std::min(s.scan.file_bytes, s.live_bytes)),
                 s.scan.issues.size(), HeaderText(s.scan).c_str());
   }
+  for (const std::string& name : info.strays) {
+    std::printf("  %s: not a segment file name (seg-<id>.kvs): the tier does not read it\n",
+                name.c_str());
+  }
   for (const auto& s : info.segments) {
     for (const auto& i : s.scan.issues) {
       std::printf("  %s (segment %llu) offset %llu: %s: %s\n", s.file.c_str(),
@@ -189,9 +207,23 @@ int Verify(const std::string& dir) {
     std::fprintf(stderr, "kvtier disk verify: %s\n", error.c_str());
     return 2;
   }
-  uint64_t checked = 0, corrupt = 0, torn = 0, refused = 0;
+  uint64_t checked = 0, corrupt = 0, torn = 0, refused = 0, dead = 0;
+  for (const std::string& name : info.strays) {
+    ++corrupt;
+    std::printf("STRAY   %s: not a segment file name (seg-<id>.kvs): the tier does not read it\n",
+                name.c_str());
+  }
+  if (info.segments.empty()) {
+    std::fprintf(stderr,
+                 "kvtier disk verify: %s: no segment files (seg-<id>.kvs): not a disk tier "
+                 "directory, or one that holds nothing\n",
+                 dir.c_str());
+    return 1;
+  }
   std::map<uint64_t, uint64_t> fingerprints;  // fingerprint -> segments
   for (const auto& s : info.segments) {
+    // Only the newest segment was being written when a process died: only it can be torn.
+    const bool newest = &s == &info.segments.back();
     if (!s.scan.header) {
       if (s.scan.header_error == disk::ParseError::kFutureVersion) {
         ++refused;
@@ -209,7 +241,7 @@ int Verify(const std::string& dir) {
       ++fingerprints[s.scan.header->layout_fingerprint];
     }
     for (const auto& i : s.scan.issues) {
-      if (!i.is_corruption()) {
+      if (!i.is_corruption() && newest) {
         ++torn;
         std::printf("note    %s (segment %llu) offset %llu: %s\n", s.file.c_str(),
                     static_cast<unsigned long long>(s.id),
@@ -217,9 +249,16 @@ int Verify(const std::string& dir) {
         continue;
       }
       ++corrupt;
-      std::printf("CORRUPT %s (segment %llu) offset %llu: %s: %s\n", s.file.c_str(),
+      const std::string what =
+          i.is_corruption()
+              ? fmt::format("{}: {}", disk::ScanIssueKindName(i.kind), i.message)
+              : fmt::format(
+                    "corrupt: the last {} bytes of a sealed segment do not parse (only "
+                    "the newest segment can be torn by a crash)",
+                    i.length);
+      std::printf("CORRUPT %s (segment %llu) offset %llu: %s\n", s.file.c_str(),
                   static_cast<unsigned long long>(s.id), static_cast<unsigned long long>(i.offset),
-                  std::string(disk::ScanIssueKindName(i.kind)).c_str(), i.message.c_str());
+                  what.c_str());
     }
     const int fd = ::open(s.path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -243,7 +282,14 @@ int Verify(const std::string& dir) {
                  r.header.layout_fingerprint != s.scan.header->layout_fingerprint) {
         problem = "record layout differs from its segment's";
       }
-      if (!problem.empty()) {
+      if (!problem.empty() && info.newest_seq[r.header.key] > r.header.sequence) {
+        // A later copy or tombstone replaced it: the tier never serves this one.
+        ++dead;
+        std::printf("note    %s (segment %llu) offset %llu: key %s: %s in a superseded copy\n",
+                    s.file.c_str(), static_cast<unsigned long long>(s.id),
+                    static_cast<unsigned long long>(r.offset), r.header.key.ToHex().c_str(),
+                    problem.c_str());
+      } else if (!problem.empty()) {
         ++corrupt;
         std::printf("CORRUPT %s (segment %llu) offset %llu: key %s: %s\n", s.file.c_str(),
                     static_cast<unsigned long long>(s.id),
@@ -259,9 +305,11 @@ int Verify(const std::string& dir) {
                 fingerprints.size());
   }
   std::printf(
-      "%s: %llu records in %zu segments checked: %llu corrupt, %llu torn tails%s\n", dir.c_str(),
-      static_cast<unsigned long long>(checked), info.segments.size(),
+      "%s: %llu records in %zu segments checked: %llu corrupt, %llu torn tails, %llu bad dead "
+      "copies%s\n",
+      dir.c_str(), static_cast<unsigned long long>(checked), info.segments.size(),
       static_cast<unsigned long long>(corrupt), static_cast<unsigned long long>(torn),
+      static_cast<unsigned long long>(dead),
       refused ? fmt::format(", {} segments of a newer format not read", refused).c_str() : "");
   return corrupt > 0 || refused > 0 ? 1 : 0;
 }

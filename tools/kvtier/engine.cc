@@ -38,6 +38,7 @@ struct CrossoverFlags {
 };
 
 int RunCrossoverCommand(const CrossoverFlags& f) {
+  if (!cli::OutputWritable("engine crossover", f.json)) return 1;
   cli::PrepareBlas();
   if (f.min_tokens == 0 || f.max_tokens < f.min_tokens) {
     std::fprintf(stderr, "crossover: need 0 < --min <= --max\n");
@@ -139,6 +140,7 @@ void PrintTurn(const engine::TurnRecord& r, const char* label, uint32_t bt) {
 }
 
 int RunWorkloadCommand(const cli::SessionFlags& f) {
+  if (!cli::OutputWritable("engine run", f.json)) return 1;
   cli::PrepareBlas();
   int rc = 0;
   std::optional<engine::EngineSetup> setup = f.engine.Build("engine run", f.PoolBlocks(), &rc);

@@ -3,9 +3,14 @@
 #ifndef KVTIER_TOOLS_ENGINE_COMMON_H_
 #define KVTIER_TOOLS_ENGINE_COMMON_H_
 
+#include <fcntl.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,6 +117,22 @@ struct SessionFlags {
     return engine::WorkloadPoolBlocks(workload, engine.options.block_tokens);
   }
 };
+
+// An output file is checked before the run, not after it: true when `path` can be written
+// (a file this creates for the check is removed again); else prints why, prefixed by command.
+inline bool OutputWritable(const char* command, const std::string& path) {
+  if (path.empty()) return true;
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    std::fprintf(stderr, "%s: cannot write %s: %s\n", command, path.c_str(), std::strerror(errno));
+    return false;
+  }
+  ::close(fd);
+  if (created) ::unlink(path.c_str());
+  return true;
+}
 
 // Before anything touches OpenBLAS: the faster kernels when OpenBLAS misdetected the CPU.
 inline void PrepareBlas() { engine::ReexecWithFasterBlasIfNeeded(); }

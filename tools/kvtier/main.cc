@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -101,6 +102,15 @@ int main(int argc, char** argv) {
     }
     return app.exit(e);
   }
-  if (chosen) exit_code = chosen();
+  if (!chosen) return exit_code;
+  try {
+    exit_code = chosen();
+  } catch (const std::bad_alloc&) {
+    // Not an abort (exit 134) with a bare "terminate called": say what ran out.
+    std::fprintf(stderr,
+                 "kvtier: out of memory (std::bad_alloc): this run needs more memory than the "
+                 "process may use (see ulimit -v and the machine's free memory)\n");
+    return 1;
+  }
   return exit_code;
 }

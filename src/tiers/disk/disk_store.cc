@@ -2,8 +2,11 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +48,59 @@ uint64_t NowUnixNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// Descriptors the process has open now (0 when /proc cannot tell).
+uint64_t OpenDescriptors() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 0;
+  uint64_t n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n > 0 ? n - 1 : 0;  // not the one opendir holds
+}
+
+// The process limits the tier runs under, checked before anything is written: past them it
+// would fail later, one batch at a time, or (ulimit -f) be killed by SIGXFSZ with no message.
+Status CheckProcessLimits(const std::string& dir, uint64_t capacity_bytes, uint64_t segment_bytes) {
+  // SIGXFSZ's default action kills the process when a write passes RLIMIT_FSIZE; ignored, the
+  // write fails with EFBIG and the tier reports it. An application's own handler is kept.
+  struct sigaction old {};
+  if (::sigaction(SIGXFSZ, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    ::signal(SIGXFSZ, SIG_IGN);
+  }
+  rlimit fsize{};
+  if (::getrlimit(RLIMIT_FSIZE, &fsize) == 0 && fsize.rlim_cur != RLIM_INFINITY &&
+      fsize.rlim_cur < segment_bytes) {
+    return Status::ResourceExhausted(fmt::format(
+        "{}: segments of {} bytes exceed this process's file size limit of {} bytes (ulimit -f): "
+        "lower params.segment_bytes or raise the limit",
+        dir, segment_bytes, static_cast<uint64_t>(fsize.rlim_cur)));
+  }
+  // One descriptor per segment (the capacity's worth, the active one and the next), the
+  // directory, and a few I/O contexts (an io_uring ring each).
+  constexpr uint64_t kSpareDescriptors = 16;
+  const uint64_t need = OpenDescriptors() + capacity_bytes / segment_bytes + 3 + kSpareDescriptors;
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) != 0 || nofile.rlim_cur == RLIM_INFINITY ||
+      nofile.rlim_cur >= need) {
+    return Status::Ok();
+  }
+  if (nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max >= need) {
+    const rlim_t before = nofile.rlim_cur;
+    nofile.rlim_cur = static_cast<rlim_t>(need);
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+      spdlog::info("disk tier {}: raised the open file limit from {} to {} (ulimit -n)", dir,
+                   static_cast<uint64_t>(before), need);
+      return Status::Ok();
+    }
+  }
+  return Status::ResourceExhausted(fmt::format(
+      "{}: {} bytes in segments of {} bytes need about {} open files, more than this process may "
+      "open ({}, ulimit -n; hard limit {}): raise params.segment_bytes or the limit",
+      dir, capacity_bytes, segment_bytes, need, static_cast<uint64_t>(nofile.rlim_cur),
+      nofile.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                       : std::to_string(nofile.rlim_max)));
 }
 
 }  // namespace
@@ -113,11 +169,14 @@ DiskStore::DiskStore(const DiskOptions& options, RemovalFn on_removed)
     : options_(options),
       segment_bytes_(options.effective_segment_bytes()),
       record_bytes_(options.record_bytes()),
-      on_removed_(std::move(on_removed)) {}
+      on_removed_(std::move(on_removed)),
+      capacity_bytes_(options.capacity_bytes) {}
 
 Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskOptions& options,
                                                    RemovalFn on_removed) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
+  KVTIER_RETURN_IF_ERROR(
+      CheckProcessLimits(options.path, options.capacity_bytes, options.effective_segment_bytes()));
   std::unique_ptr<DiskStore> store(new DiskStore(options, std::move(on_removed)));
   std::vector<BlockKey> removed;
   KVTIER_RETURN_IF_ERROR(store->OpenDirectory(&removed));
@@ -152,8 +211,7 @@ DiskStore::~DiskStore() {
     active_.reset();
     segments_.clear();
   }
-  if (dir_fd_ >= 0) ::close(dir_fd_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
+  if (dir_fd_ >= 0) ::close(dir_fd_);  // releases the flock
 }
 
 Result<std::unique_ptr<DiskStore::IoContext>> DiskStore::MakeContext() {
@@ -208,10 +266,9 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
   }
   dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd_ < 0) return Status::Internal(fmt::format("{}: open: {}", dir, Errno(errno)));
-  const std::string lock_path = dir + "/LOCK";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) return Status::Internal(fmt::format("{}: open: {}", lock_path, Errno(errno)));
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  // The directory itself is locked: a lock file can be unlinked from under its holder, and
+  // the next process would lock a new file and write into the same segments.
+  if (::flock(dir_fd_, LOCK_EX | LOCK_NB) != 0) {
     return Status::Unavailable(
         fmt::format("{}: the directory is in use by another disk tier ({})", dir, Errno(errno)));
   }
@@ -220,7 +277,13 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
   std::vector<uint64_t> ids;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      if (auto id = ParseSegmentFileName(e->d_name)) ids.push_back(*id);
+      const std::string_view name = e->d_name;
+      if (auto id = ParseSegmentFileName(name)) {
+        ids.push_back(*id);
+      } else if (name.starts_with("seg-") || name.ends_with(".kvs")) {
+        spdlog::warn("disk tier {}: {}: not a segment file name (seg-<id>.kvs); not read", dir,
+                     name);
+      }
     }
     ::closedir(d);
   }
@@ -263,7 +326,10 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           options_.layout_fingerprint, options_.block_bytes));
     }
     uint64_t kept_bytes = file_bytes;
-    if (scan.header && !scan.issues.empty() &&
+    // Only the newest segment was being written when a process died: a tail that does not
+    // parse anywhere else is damage to sealed data, reported and kept, never cut off.
+    const bool newest = id == ids.back();
+    if (newest && scan.header && !scan.issues.empty() &&
         scan.issues.back().kind == ScanIssue::Kind::kTornTail &&
         scan.issues.back().offset + scan.issues.back().length == file_bytes) {
       // A segment the last process did not seal (it crashed): its unwritten end goes, and the
@@ -294,8 +360,10 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
       if (::ftruncate(scan_fd, static_cast<off_t>(trim)) == 0) kept_bytes = trim;
     }
     ::close(scan_fd);
-    const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(),
-                                         [](const ScanIssue& i) { return i.is_corruption(); });
+    auto corrupt = [newest](const ScanIssue& i) {
+      return i.is_corruption() || (!newest && i.kind == ScanIssue::Kind::kTornTail);
+    };
+    const bool any_corrupt = std::any_of(scan.issues.begin(), scan.issues.end(), corrupt);
     if (file_bytes < kPageBytes || (scan.header && scan.records.empty() && !any_corrupt)) {
       // Torn while being created, or holding no record: nothing to keep.
       ::unlink(seg->path.c_str());
@@ -311,11 +379,14 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
           dir, seg->path, ParseErrorName(scan.header_error));
     }
     for (const ScanIssue& issue : scan.issues) {
-      if (issue.is_corruption()) {
+      if (corrupt(issue)) {
         ++recovered_issues;
         corruptions_.fetch_add(1, std::memory_order_relaxed);
         spdlog::warn("disk tier {}: Corruption: {} offset {}: {}", dir, seg->path, issue.offset,
-                     issue.message);
+                     issue.is_corruption()
+                         ? issue.message
+                         : fmt::format("the last {} bytes of a sealed segment do not parse; kept",
+                                       issue.length));
       } else {
         spdlog::info("disk tier {}: {} offset {}: {}", dir, seg->path, issue.offset, issue.message);
       }
@@ -371,8 +442,34 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
                  ids.size(), recovered_issues);
   }
 
-  // A fresh active segment; old ones are never appended to (their tails may be torn).
-  KVTIER_RETURN_IF_ERROR(RollSegment(removed));
+  // A filesystem that cannot hold the capacity would fail rolls with ENOSPC: the capacity is
+  // what it can hold (what the segments use plus its free space), at least two segments (the
+  // roll then evicts for room, see RollSegment).
+  struct statvfs fs {};
+  if (::fstatvfs(dir_fd_, &fs) == 0) {
+    uint64_t sealed = 0;
+    {
+      MutexLock l(&mu_);
+      sealed = sealed_bytes_;
+    }
+    const uint64_t room = (sealed + uint64_t{fs.f_bavail} * fs.f_frsize) / kPageBytes * kPageBytes;
+    if (room < capacity_bytes_) {
+      capacity_bytes_ = std::max(room, 2 * segment_bytes_);
+      spdlog::warn(
+          "disk tier {}: the filesystem holds {} bytes for the tier, less than the {} "
+          "of its capacity: using {}",
+          dir, room, options_.capacity_bytes, capacity_bytes_);
+    }
+  }
+  // A fresh active segment; old ones are never appended to (their tails may be torn). When
+  // none can be started (a full or read-only filesystem), what is here is still served: the
+  // tier opens read-only, and every Put tries the roll again (evicting for room then).
+  if (Status st = RollSegment(removed, /*evict_for_space=*/false); !st.ok()) {
+    spdlog::warn(
+        "disk tier {}: {}; opened read-only: the {} blocks here are served, writes "
+        "fail until a segment can be started",
+        dir, st.ToString(), recovered);
+  }
   if (!direct_) {
     notes.push_back(fmt::format("O_DIRECT refused by the filesystem of {}: buffered I/O", dir));
   }
@@ -409,7 +506,7 @@ void DiskStore::Publish(const BlockKey& key, const Location& loc) {
   }
 }
 
-Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
+Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_space) {
   std::shared_ptr<Segment> old;
   {
     MutexLock l(&mu_);
@@ -433,7 +530,57 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
 
   // The new file is made whole before anything is evicted: a roll that fails (EMFILE, ENOSPC,
   // a read-only directory) then loses nothing, and the sealed old segment stays active (full,
-  // so the next write tries the roll again).
+  // so the next write tries the roll again). A filesystem fuller than the capacity says (other
+  // files grew) gives up the oldest segment for the room, as the capacity would have.
+  std::shared_ptr<Segment> seg;
+  for (;;) {
+    int err = 0;
+    Result<std::shared_ptr<Segment>> made = StartSegment(&err);
+    if (made.ok()) {
+      seg = std::move(made).value();
+      break;
+    }
+    if (!evict_for_space || (err != ENOSPC && err != EDQUOT) ||
+        !EvictOldestForSpace(old.get(), removed)) {
+      return made.status();
+    }
+  }
+
+  // Evict oldest segments until the new one fits under the capacity.
+  std::vector<std::pair<BlockKey, Location>> hot;
+  std::vector<std::shared_ptr<Segment>> evicted;
+  for (;;) {
+    uint64_t victim = 0;
+    {
+      MutexLock l(&mu_);
+      const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
+      if (sealed_bytes_ + old_bytes + segment_bytes_ <= capacity_bytes_ || segments_.empty()) {
+        break;
+      }
+      victim = segments_.begin()->first;
+      if (old && victim == old->id) break;  // unreachable: the capacity holds two segments
+      evicted.push_back(segments_.begin()->second);
+    }
+    EvictSegment(victim, removed, &hot);
+  }
+  {
+    MutexLock l(&mu_);
+    if (old) sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
+    segments_[seg->id] = seg;
+    active_ = seg;
+  }
+  if (!hot.empty()) Reinsert(hot, seg, removed);
+  {
+    MutexLock l(&mu_);
+    for (const auto& s : evicted) retiring_.erase(s->id);
+  }
+  // Evicted files are unlinked only now: the hot blocks were read from them above. Readers
+  // holding a segment keep its descriptor open until they finish.
+  for (const auto& s : evicted) ::unlink(s->path.c_str());
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<DiskStore::Segment>> DiskStore::StartSegment(int* err) {
   auto seg = std::make_shared<Segment>();
   seg->id = next_segment_id_++;
   seg->path = options_.path + "/" + SegmentFileName(seg->id);
@@ -444,11 +591,13 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     seg->fd = ::open(seg->path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   }
   if (seg->fd < 0) {
+    *err = errno;
     return Status::Unavailable(
         fmt::format("{}: cannot start a new segment: create: {}", seg->path, Errno(errno)));
   }
   auto fail = [&](std::string_view what, ssize_t rc) {
-    const std::string why = rc < 0 ? Errno(errno) : std::string("short write");
+    *err = rc < 0 ? errno : 0;
+    const std::string why = rc < 0 ? Errno(*err) : std::string("short write");
     ::unlink(seg->path.c_str());
     return Status::Unavailable(
         fmt::format("{}: cannot start a new segment: {}: {}", seg->path, what, why));
@@ -476,40 +625,42 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed) {
     // The new file's name must survive a crash before any record in it counts as durable.
     if (::fdatasync(seg->fd) == 0 && ::fsync(dir_fd_) == 0) seg->synced = true;
   }
+  return seg;
+}
 
-  // Evict oldest segments until the new one fits under the capacity.
-  std::vector<std::pair<BlockKey, Location>> hot;
-  std::vector<std::shared_ptr<Segment>> evicted;
-  for (;;) {
-    uint64_t victim = 0;
-    {
-      MutexLock l(&mu_);
-      const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
-      if (sealed_bytes_ + old_bytes + segment_bytes_ <= options_.capacity_bytes ||
-          segments_.empty()) {
-        break;
+bool DiskStore::EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* removed) {
+  uint64_t victim = 0;
+  std::string path;
+  {
+    MutexLock l(&mu_);
+    if (segments_.empty()) return false;
+    auto it = segments_.begin();
+    if (keep != nullptr && it->first == keep->id) return false;  // the one just sealed
+    victim = it->first;
+    path = it->second->path;
+  }
+  std::vector<std::pair<BlockKey, Location>> hot;  // no room to copy them forward: dropped
+  EvictSegment(victim, removed, &hot);
+  {
+    MutexLock l(&mu_);
+    for (const auto& [key, loc] : hot) {
+      auto e = index_.find(key);
+      if (e != index_.end() && e->second.seq == loc.seq) {
+        index_.erase(e);
+        removed->push_back(key);
+        evicted_blocks_.fetch_add(1, std::memory_order_relaxed);
       }
-      victim = segments_.begin()->first;
-      if (old && victim == old->id) break;  // unreachable: the capacity holds two segments
-      evicted.push_back(segments_.begin()->second);
     }
-    EvictSegment(victim, removed, &hot);
+    retiring_.erase(victim);
   }
-  {
-    MutexLock l(&mu_);
-    if (old) sealed_bytes_ += old->bytes.load(std::memory_order_relaxed);
-    segments_[seg->id] = seg;
-    active_ = seg;
+  ::unlink(path.c_str());
+  space_evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (log_limit_.Allow()) {
+    spdlog::warn(
+        "disk tier {}: the filesystem is full below the capacity: evicted {} early for room",
+        options_.path, path);
   }
-  if (!hot.empty()) Reinsert(hot, seg, removed);
-  {
-    MutexLock l(&mu_);
-    for (const auto& s : evicted) retiring_.erase(s->id);
-  }
-  // Evicted files are unlinked only now: the hot blocks were read from them above. Readers
-  // holding a segment keep its descriptor open until they finish.
-  for (const auto& s : evicted) ::unlink(s->path.c_str());
-  return Status::Ok();
+  return true;
 }
 
 bool DiskStore::RollEvicts(uint64_t first_id) const {
@@ -517,7 +668,7 @@ bool DiskStore::RollEvicts(uint64_t first_id) const {
   for (auto it = segments_.lower_bound(first_id); it != segments_.end(); ++it) {
     newer += it->second->bytes.load(std::memory_order_relaxed);
   }
-  return newer + segment_bytes_ > options_.capacity_bytes;
+  return newer + segment_bytes_ > capacity_bytes_;
 }
 
 void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
@@ -649,13 +800,16 @@ void DiskStore::Put(std::span<const BlockKey> keys,
                 "batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
                 "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
                 "before them kept",
-                keys.size(), keys.size() * record_bytes_, options_.capacity_bytes, segment_bytes_,
-                next, keys.size() - 1));
+                keys.size(), keys.size() * record_bytes_, capacity_bytes_, segment_bytes_, next,
+                keys.size() - 1));
             break;
           }
           stop = RollSegment(&removed);
           if (!stop.ok()) {
-            spdlog::error("disk tier {}: {}", options_.path, stop.ToString());
+            if (log_limit_.Allow()) {
+              spdlog::error("disk tier {}: {} (such errors are logged at most every {} s)",
+                            options_.path, stop.ToString(), LogLimiter::kIntervalS);
+            }
             break;
           }
           MutexLock l(&mu_);
@@ -1064,7 +1218,8 @@ DiskStats DiskStore::stats() const {
                "an io_uring ring failed: new I/O contexts use pread/pwrite";
   }
   s.queue_depth = options_.queue_depth;
-  s.capacity_bytes = options_.capacity_bytes;
+  s.capacity_bytes = capacity_bytes_;
+  s.space_evictions = space_evictions_.load(std::memory_order_relaxed);
   s.segment_bytes = segment_bytes_;
   {
     MutexLock l(&mu_);

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
@@ -77,7 +78,7 @@ struct DiskStats {
   bool direct_io = false;
   std::string notes;  // why something fell back, "" when nothing did
   uint32_t queue_depth = 0;
-  uint64_t capacity_bytes = 0;
+  uint64_t capacity_bytes = 0;  // options' capacity, or less when the filesystem holds less
   uint64_t segment_bytes = 0;
   uint64_t used_bytes = 0;  // sealed segment bytes + the active segment's bytes
   uint64_t segments = 0;
@@ -91,6 +92,7 @@ struct DiskStats {
   uint64_t recovered_blocks = 0;  // blocks found at open
   uint64_t evicted_segments = 0;
   uint64_t evicted_blocks = 0;
+  uint64_t space_evictions = 0;  // segments evicted early because the filesystem was full
   uint64_t reinserted_blocks = 0;
 };
 
@@ -100,7 +102,10 @@ class DiskStore {
 
   // Opens (or creates) the directory and rebuilds the index. InvalidArgument for bad options or
   // a segment of a future format version or a foreign layout (naming the file); Unavailable when
-  // another process holds the directory; Internal for other system failures.
+  // another process holds the directory; ResourceExhausted when ulimit -f or -n is too low;
+  // Internal for other system failures. The capacity is clamped to what the filesystem can
+  // hold; when no segment can be started (a full disk) it opens read-only: reads are served
+  // and every Put tries again.
   static Result<std::unique_ptr<DiskStore>> Open(const DiskOptions& options,
                                                  RemovalFn on_removed = nullptr);
   // Syncs (unless the policy is kNone) and closes.
@@ -164,7 +169,15 @@ class DiskStore {
   // Writer side; callers hold write_mu_ with no I/O outstanding.
   // Seals the active segment and starts the next one, evicting the oldest to stay under the
   // capacity. On failure nothing is evicted and the (sealed) active segment stays active.
-  Status RollSegment(std::vector<BlockKey>* removed) KVTIER_REQUIRES(write_mu_);
+  // With evict_for_space, ENOSPC or EDQUOT evicts the oldest sealed segment and tries again.
+  Status RollSegment(std::vector<BlockKey>* removed, bool evict_for_space = true)
+      KVTIER_REQUIRES(write_mu_);
+  // Creates, heads and preallocates the next segment file; on failure unlinks it and sets
+  // *err to the errno (0 for a short write).
+  Result<std::shared_ptr<Segment>> StartSegment(int* err) KVTIER_REQUIRES(write_mu_);
+  // Evicts the oldest sealed segment (never `keep`), its hot blocks too; false if none.
+  bool EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* removed)
+      KVTIER_REQUIRES(write_mu_);
   // Whether the next roll would evict a segment with id >= first_id.
   bool RollEvicts(uint64_t first_id) const KVTIER_REQUIRES(mu_);
   void EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
@@ -182,10 +195,12 @@ class DiskStore {
   const uint64_t segment_bytes_;
   const uint64_t record_bytes_;
   RemovalFn on_removed_;
-  int dir_fd_ = -1;
-  int lock_fd_ = -1;
+  int dir_fd_ = -1;  // flock(LOCK_EX) held on it while open
   bool direct_ = true;
   std::string notes_;
+  // options_.capacity_bytes, or less when the filesystem holds less; set at open, constant after.
+  uint64_t capacity_bytes_;
+  LogLimiter log_limit_;
 
   Mutex write_mu_;  // one writer at a time; held across its I/O. Taken before mu_.
   std::unique_ptr<IoContext> writer_ KVTIER_GUARDED_BY(write_mu_);
@@ -213,7 +228,7 @@ class DiskStore {
   std::atomic<uint64_t> written_seq_{0};
   std::atomic<uint64_t> durable_seq_{0};
   std::atomic<uint64_t> syncs_{0}, corruptions_{0}, recovered_{0}, evicted_segments_{0},
-      evicted_blocks_{0}, reinserted_{0};
+      evicted_blocks_{0}, reinserted_{0}, space_evictions_{0};
 
   std::mutex sync_mu_;
   std::condition_variable sync_cv_;

@@ -140,16 +140,26 @@ SegmentScan ScanSegment(const ReadAtFn& read, uint64_t file_bytes,
       off += kPageBytes;
       continue;
     }
-    resync = false;
     const uint64_t len = h->record_bytes();
-    if (off + len > file_bytes) {
-      flush_bad(false);
-      scan.issues.push_back(
-          {ScanIssue::Kind::kTornTail, off, file_bytes - off,
-           fmt::format("record of key {} needs {} bytes, the file ends after {} (torn tail)",
-                       h->key.ToHex(), len, file_bytes - off)});
-      return scan;
+    // A checksummed header can still carry a length no record of this segment has (a bit flip
+    // before the checksum was taken, a bug): its length is not followed, the next pages are
+    // searched, so the records behind it are not lost. Past the end of the file it may also be
+    // a write cut by a crash: when nothing valid follows, the run is a torn tail.
+    const bool wrong_size =
+        (h->type == RecordType::kTombstone && h->payload_bytes != 0) ||
+        (h->type == RecordType::kPut && scan.header && scan.header->block_bytes != 0 &&
+         h->payload_bytes != scan.header->block_bytes);
+    if (off + len > file_bytes || wrong_size) {
+      resync = true;
+      if (bad_len == 0) {
+        bad_start = off;
+        bad_error = ParseError::kMalformed;
+      }
+      bad_len += kPageBytes;
+      off += kPageBytes;
+      continue;
     }
+    resync = false;
     flush_bad(false);
     if (fingerprint && h->layout_fingerprint != *fingerprint) {
       scan.issues.push_back({ScanIssue::Kind::kForeignLayout, off, len,

@@ -1,11 +1,14 @@
 #include "tiers/remote/redis_connection.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <limits>
 
 #include "common/clock.h"
 
@@ -57,7 +60,7 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Open(const NodeAddress
     std::vector<std::string> argv = {"AUTH"};
     if (!options.user.empty()) argv.push_back(options.user);
     argv.push_back(options.password);
-    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply, conn->Command(argv));
+    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply, conn->Command(argv, deadline_ns));
     if (reply->type == REDIS_REPLY_ERROR) {
       return Status::InvalidArgument(std::string(options.user.empty() ? "password" : "user") +
                                      ": AUTH refused by " + address.ToString() + ": " +
@@ -65,7 +68,8 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Open(const NodeAddress
     }
   }
   if (options.db != 0) {
-    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply, conn->Command({"SELECT", std::to_string(options.db)}));
+    KVTIER_ASSIGN_OR_RETURN(ReplyPtr reply,
+                            conn->Command({"SELECT", std::to_string(options.db)}, deadline_ns));
     if (reply->type == REDIS_REPLY_ERROR) {
       return Status::InvalidArgument("url: SELECT " + std::to_string(options.db) + " refused by " +
                                      address.ToString() + ": " + ReplyText(reply.get()));
@@ -74,18 +78,53 @@ Result<std::unique_ptr<RedisConnection>> RedisConnection::Open(const NodeAddress
   return conn;
 }
 
-Result<ReplyPtr> RedisConnection::Command(const std::vector<std::string>& argv) {
+Result<ReplyPtr> RedisConnection::Command(const std::vector<std::string>& argv,
+                                          int64_t deadline_ns) {
   SetRecvLowWater(1);  // hiredis reads replies of any length
+  const int64_t start = SteadyNowNs();
+  const std::string what = "remote " + address_.ToString() + ": " + argv[0] + ": ";
+  auto failed = [&](const char* fallback) {
+    return Status::Unavailable(what + (context_->err ? context_->errstr : fallback));
+  };
+  // hiredis's blocking call bounds each read by the socket timeout, not the whole reply: a
+  // server that drips a byte at a time held it for ever. Here the reply must be whole by the
+  // deadline; past it the connection is out of step and the caller drops it.
+  auto wait = [&](short events) -> Status {
+    const int64_t left = deadline_ns - SteadyNowNs();
+    pollfd p{context_->fd, events, 0};
+    int n = 0;
+    if (left > 0) {
+      do {
+        n = ::poll(&p, 1,
+                   static_cast<int>(std::min<int64_t>((left + 999'999) / 1'000'000,
+                                                      std::numeric_limits<int>::max())));
+      } while (n < 0 && errno == EINTR);
+    }
+    if (n > 0) return Status::Ok();
+    if (n < 0) return Status::Unavailable(what + "poll: " + std::strerror(errno));
+    return Status::Unavailable(what + "timed out after " +
+                               std::to_string((SteadyNowNs() - start) / 1'000'000) + " ms");
+  };
   std::vector<const char*> args;
   std::vector<size_t> lens;
   for (const std::string& a : argv) {
     args.push_back(a.data());
     lens.push_back(a.size());
   }
-  void* raw = redisCommandArgv(context_, static_cast<int>(args.size()), args.data(), lens.data());
-  if (raw == nullptr) {
-    return Status::Unavailable("remote " + address_.ToString() + ": " + argv[0] + ": " +
-                               (context_->err ? context_->errstr : "no reply"));
+  if (redisAppendCommandArgv(context_, static_cast<int>(args.size()), args.data(), lens.data()) !=
+      REDIS_OK) {
+    return failed("cannot queue the command");
+  }
+  for (int done = 0; !done;) {
+    if (redisBufferWrite(context_, &done) != REDIS_OK) return failed("write failed");
+    if (!done) KVTIER_RETURN_IF_ERROR(wait(POLLOUT));
+  }
+  void* raw = nullptr;
+  for (;;) {
+    if (redisGetReplyFromReader(context_, &raw) != REDIS_OK) return failed("bad reply");
+    if (raw != nullptr) break;
+    KVTIER_RETURN_IF_ERROR(wait(POLLIN));
+    if (redisBufferRead(context_) != REDIS_OK) return failed("read failed");
   }
   return ReplyPtr(static_cast<redisReply*>(raw));
 }

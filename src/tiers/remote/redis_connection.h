@@ -53,9 +53,10 @@ class RedisConnection {
   RedisConnection(const RedisConnection&) = delete;
   RedisConnection& operator=(const RedisConnection&) = delete;
 
-  // One blocking command through hiredis. Unavailable when the connection failed (it is then
-  // unusable); an error reply is returned as a reply, not as a Status.
-  Result<ReplyPtr> Command(const std::vector<std::string>& argv);
+  // One command through hiredis, its whole reply read by deadline_ns (steady clock). Unavailable
+  // when the connection failed or the deadline passed ("timed out after N ms"; the connection
+  // is then unusable); an error reply is returned as a reply, not as a Status.
+  Result<ReplyPtr> Command(const std::vector<std::string>& argv, int64_t deadline_ns);
 
   int fd() const;
   const NodeAddress& address() const { return address_; }

@@ -12,6 +12,9 @@
 #include <limits>
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
+#include "common/log_limiter.h"
 #include "hash/xxh.h"
 #include "hash/xxh3_wide.h"
 #include "tiers/remote/value_format.h"
@@ -192,10 +195,16 @@ struct RemoteTier::Node {
   void RecordFailure(std::atomic<uint64_t>* breaker_opens,
                      std::vector<std::unique_ptr<RedisConnection>>* closing) KVTIER_REQUIRES(mu) {
     const uint64_t opens = breaker.opens();
-    breaker.RecordFailure(SteadyNowNs());
+    const int64_t now = SteadyNowNs();
+    breaker.RecordFailure(now);
     if (breaker.opens() != opens) {
       breaker_opens->fetch_add(1, std::memory_order_relaxed);
       closing->swap(idle);
+      // Once per opening (the backoff spaces them): an outage is visible without a flood.
+      spdlog::warn(
+          "remote {}: circuit opened after repeated failures: its blocks are misses, "
+          "next try in {} ms",
+          address.ToString(), std::max<int64_t>(0, (breaker.retry_at_ns() - now) / kMs));
     }
   }
 };
@@ -512,6 +521,9 @@ void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool
   if (healthy && conn != nullptr) conn->SetRecvLowWater(1);
   MutexLock lock(&node->mu);
   if (healthy) {
+    if (node->breaker.state() != CircuitBreaker::State::kClosed) {
+      spdlog::info("remote {}: answers again; circuit closed", node->address.ToString());
+    }
     node->breaker.RecordSuccess();
     if (conn != nullptr && node->idle.size() < static_cast<size_t>(options_.max_idle_connections)) {
       node->idle.push_back(std::move(conn));
@@ -527,7 +539,7 @@ void RemoteTier::Release(Node* node, std::unique_ptr<RedisConnection> conn, bool
 Result<ReplyPtr> RemoteTier::CommandOn(Node* node, const std::vector<std::string>& argv,
                                        int64_t deadline_ns) const {
   KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<RedisConnection> conn, Acquire(node, deadline_ns));
-  Result<ReplyPtr> reply = conn->Command(argv);
+  Result<ReplyPtr> reply = conn->Command(argv, deadline_ns);
   Release(node, std::move(conn), reply.ok());
   return reply;
 }
@@ -688,6 +700,14 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
     if (StartsWith(reply.text, "CLUSTERDOWN") || StartsWith(reply.text, "READONLY")) {
       stale_.store(true, std::memory_order_relaxed);
     }
+    if (batch.kind == OpKind::kGet && StartsWith(reply.text, "WRONGTYPE")) {
+      // Something else wrote a list or hash under a tier key: never served, and deleted like a
+      // corrupt value, or the block would miss for ever (EXISTS still finds the key).
+      batch.results[i] = Status::Corruption("remote value of " + batch.keys[i].ToHex() +
+                                            ": not a string (" + reply.text + ")");
+      batch.corrupt.push_back(i);
+      return;
+    }
     batch.results[i] = MapError(reply.text);
     return;
   }
@@ -707,7 +727,9 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
             std::to_string(kValueHeaderBytes + batch.out[i].size() + kValueTrailerBytes));
         batch.corrupt.push_back(i);
       } else {
-        batch.results[i] = Status::Internal("remote: GET answered with a non-string reply");
+        batch.results[i] = Status::Corruption("remote value of " + batch.keys[i].ToHex() +
+                                              ": GET answered with a non-string reply");
+        batch.corrupt.push_back(i);
       }
       break;
     case OpKind::kSet:
@@ -835,10 +857,14 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
     int64_t left = deadline_ns - SteadyNowNs();
     if (left <= 0) {
       for (Flight* f : polled) {
-        counters_.timeouts.fetch_add(1, std::memory_order_relaxed);
-        fail_flight(*f, Status::Unavailable("remote " + f->node->address.ToString() +
-                                            ": no answer within " +
-                                            std::to_string(options_.timeout_ms) + " ms"));
+        const uint64_t total = counters_.timeouts.fetch_add(1, std::memory_order_relaxed) + 1;
+        const std::string why = "remote " + f->node->address.ToString() + ": timed out after " +
+                                std::to_string(options_.timeout_ms) + " ms";
+        if (timeout_log_.Allow()) {
+          spdlog::warn("remote tier '{}': {} ({} deadline hits so far; logged at most every {} s)",
+                       name(), why, total, LogLimiter::kIntervalS);
+        }
+        fail_flight(*f, Status::Unavailable(why));
       }
       break;
     }
@@ -971,7 +997,16 @@ void RemoteTier::Run(Batch& batch) {
 }
 
 void RemoteTier::DropCorrupt(Batch& batch, int64_t deadline_ns) {
-  counters_.corruptions.fetch_add(batch.corrupt.size(), std::memory_order_relaxed);
+  const uint64_t total =
+      counters_.corruptions.fetch_add(batch.corrupt.size(), std::memory_order_relaxed) +
+      batch.corrupt.size();
+  if (corruption_log_.Allow()) {
+    spdlog::warn(
+        "remote tier '{}': {} value(s) failed verification and are deleted, e.g. {} ({} "
+        "so far; logged at most every {} s)",
+        name(), batch.corrupt.size(), batch.results[batch.corrupt[0]].message(), total,
+        LogLimiter::kIntervalS);
+  }
   std::vector<BlockKey> keys;
   for (size_t i : batch.corrupt) keys.push_back(batch.keys[i]);
   Batch del(OpKind::kDel, keys);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "kvtier/tier.h"
 #include "tiers/remote/circuit_breaker.h"
@@ -170,6 +171,7 @@ class RemoteTier final : public Tier {
   mutable std::atomic<int64_t> usage_at_ns_{0};
 
   mutable Counters counters_;
+  mutable LogLimiter timeout_log_, corruption_log_;  // deadline hits, corrupt values
 };
 
 }  // namespace kvtier::remote
