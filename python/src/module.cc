@@ -193,6 +193,9 @@ SessionEvent SessionEventFrom(const std::string& name) {
 NB_MODULE(_kvtier, m) {
   using namespace kvtier;
   m.doc() = "kvtier: tiered KV-cache offload (host DRAM, SSD, Redis) for LLM inference engines";
+  // Engine integrations keep one cache per process until exit (kvtier.backends); nanobind's
+  // report of objects alive at interpreter exit would only be noise in engines' logs.
+  nb::set_leak_warnings(false);
 
   // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
   PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);

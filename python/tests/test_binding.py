@@ -8,7 +8,10 @@ import pytest
 
 import kvtier
 
-torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+try:
+    import torch
+except ImportError:  # the package's own tests need only numpy
+    torch = None
 
 
 def small_layout(block_tokens=16):
@@ -58,6 +61,7 @@ def test_store_lookup_load_round_trip_numpy(cache):
     assert [t["kind"] for t in s["tiers"]] == ["host", "disk"]
 
 
+@pytest.mark.skipif(torch is None, reason="torch is not installed (scripts/python-env --vllm)")
 def test_load_writes_into_the_callers_torch_tensor(cache):
     layout = cache.layout
     tokens = list(range(32))
