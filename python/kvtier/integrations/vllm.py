@@ -267,6 +267,15 @@ class KvtierConnector(KVConnectorBase_V1):
                 "kvtier backend 'inprocess' needs vLLM's scheduler and worker in one process: "
                 f"distributed_executor_backend is {executor!r}, pass "
                 "distributed_executor_backend='uni' (tensor parallel 1), or use backend 'daemon'")
+        # vLLM 0.32 fails a request whose external blocks fail to load unless the policy says
+        # recompute. For a cache a refused block is a miss: recompute, unless asked otherwise.
+        # (The scheduler reads the policy right after building its connector.)
+        policy = extra.get("load_failure_policy", "recompute")
+        if self._kv_transfer_config.kv_load_failure_policy != policy:
+            logger.info("kvtier connector: kv_load_failure_policy %r -> %r (a block that fails "
+                        "to load is %s)", self._kv_transfer_config.kv_load_failure_policy,
+                        policy, "recomputed" if policy == "recompute" else "an error")
+            self._kv_transfer_config.kv_load_failure_policy = policy
         self._stats_path = extra.get("stats_path")
         self._save_wait_s = float(extra.get("save_wait_s", 5.0))
         self._counters = _Counters()
