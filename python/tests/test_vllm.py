@@ -173,3 +173,12 @@ def test_measured_ttft_and_miss_throughput():
     print(f"\nturn-2 TTFT: kvtier {with_kvtier:.3f}s, none {without:.3f}s; 0%-hit throughput "
           f"with/without the connector: {ratio:.3f} ({c['miss_tokens_per_s']:.0f} vs "
           f"{a['miss_tokens_per_s']:.0f} tokens/s)")
+
+
+def test_unreachable_backend_recomputes_everything(env):
+    # What F checks with a killed daemon, with the daemon backend that has no daemon to reach:
+    # every request is computed by vLLM, nothing waits, and the log says so once.
+    g = conversation(env, prefix_caching=False, kvtier={"backend": "daemon"}, name="G")
+    assert g["vllm_external_hits"] == 0
+    assert g["log"].count("kvtier: cannot open the cache") == 1, "expected one warning"
+    assert outputs(g["passes"][0]) == outputs(RESULTS["A"]["passes"][0])

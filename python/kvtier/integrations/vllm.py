@@ -226,6 +226,7 @@ class _Saver:
 
 
 _savers: dict[int, _Saver] = {}
+_open_failures: set[str] = set()  # configs whose cache could not be opened (warned once)
 _savers_lock = threading.Lock()
 
 
@@ -287,8 +288,15 @@ class KvtierConnector(KVConnectorBase_V1):
             self._cache = backends.shared_cache(self._config, self._layout)
             self._saver = _saver_for(self._cache)
         except kvtier.KvtierError as e:
-            self._warn_once("open", f"kvtier: cannot open the cache ({e}); every request is "
-                                    "served by recomputing")
+            # Both halves fail alike: one line per process and config, not one per half.
+            key = json.dumps(self._config, sort_keys=True, default=str)
+            self._counters.add(errors=1)
+            with _savers_lock:
+                first = key not in _open_failures
+                _open_failures.add(key)
+            if first:
+                logger.warning("kvtier: cannot open the cache (%s); every request is served by "
+                               "recomputing", e)
         # Scheduler half.
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
