@@ -141,6 +141,27 @@ class _Counters:
                 self.values[k] += v
 
 
+# Seconds spent inside the connector's synchronous hooks in this process (the saver thread not
+# counted): the part of a step that is the connector's, measured where it runs.
+HOOK_SECONDS = [0.0]
+HOOK_SECONDS_BY_NAME: dict[str, float] = {}
+
+
+def _timed(fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            dt = time.perf_counter() - t0
+            HOOK_SECONDS[0] += dt
+            HOOK_SECONDS_BY_NAME[fn.__name__] = HOOK_SECONDS_BY_NAME.get(fn.__name__, 0.0) + dt
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
 class _Saver:
     """Stores blocks into kvtier on a thread of its own, so a step does not wait for the tiers
     (the SSD write-through above all): the step only copies its pages into a staging tensor.
@@ -365,6 +386,7 @@ class KvtierConnector(KVConnectorBase_V1):
 
     # ----------------------------------------------------------------------- scheduler side
 
+    @_timed
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._cache is None:
@@ -400,6 +422,7 @@ class KvtierConnector(KVConnectorBase_V1):
         st.load_blocks = hit_blocks
         return hit_tokens - num_computed_tokens, False
 
+    @_timed
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int):
         st = self._reqs.get(request.request_id)
@@ -409,6 +432,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if st.load_pending:
             self._counters.add(lookup_hit_tokens=num_external_tokens)
 
+    @_timed
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KvtierConnectorMetadata()
         if self._cache is None:
@@ -445,6 +469,7 @@ class KvtierConnector(KVConnectorBase_V1):
                          block_ids=[list(block_ids[i * r:(i + 1) * r]) for i in range(first, end)],
                          skip=skip, tenant=st.tenant, lora_id=st.lora_id)
 
+    @_timed
     def request_finished(self, request: "Request",
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._reqs.pop(request.request_id, None)
@@ -463,6 +488,7 @@ class KvtierConnector(KVConnectorBase_V1):
         logger.info("kvtier connector: %d paged KV tensors, layout '%s' %s", len(names),
                     self._paged.kind, list(kv_caches[names[0]].shape))
 
+    @_timed
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if (not isinstance(meta, KvtierConnectorMetadata) or not meta.loads or not self._paged
@@ -505,6 +531,7 @@ class KvtierConnector(KVConnectorBase_V1):
                       attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
         return  # saves run once per step in wait_for_save, over all layers
 
+    @_timed
     def wait_for_save(self):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         if (not isinstance(meta, KvtierConnectorMetadata) or not meta.saves or not self._paged
@@ -534,6 +561,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._counters.add(save_blocks=n - failed, save_failed_blocks=failed)
         self._dump_stats()
 
+    @_timed
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         return errors
