@@ -1,0 +1,105 @@
+"""kvtier: tiered KV-cache offload (host DRAM, SSD, Redis) for LLM inference engines.
+
+The C++ library, bound with nanobind. See doc/python.md.
+
+    import kvtier, numpy as np
+    layout = kvtier.KvLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp32",
+                             block_tokens=64)
+    cache = kvtier.open_cache(layout, tiers=[kvtier.host_tier("64MiB")], model_id="m")
+    tokens = list(range(128))
+    blocks = np.zeros((2, layout.bytes_per_block), np.uint8)
+    cache.store(tokens, blocks)
+    with cache.lookup(tokens) as hit:
+        out = np.empty_like(blocks)
+        cache.load(hit, out[: hit.hit_blocks])
+"""
+
+from kvtier._kvtier import (  # noqa: F401
+    BlockKey,
+    Cache,
+    CacheOptions,
+    Corruption,
+    Internal,
+    InvalidArgument,
+    KvCache,
+    KvLayout,
+    KvtierError,
+    LoadResult,
+    LookupResult,
+    Namespace,
+    NotFound,
+    ResourceExhausted,
+    StoreResult,
+    TierSpec,
+    Unavailable,
+    checksum64,
+    hash_prefix,
+    layout_preset,
+    layout_preset_names,
+)
+
+__all__ = [
+    "BlockKey",
+    "Cache",
+    "CacheOptions",
+    "Corruption",
+    "Internal",
+    "InvalidArgument",
+    "KvCache",
+    "KvLayout",
+    "KvtierError",
+    "LoadResult",
+    "LookupResult",
+    "Namespace",
+    "NotFound",
+    "ResourceExhausted",
+    "StoreResult",
+    "TierSpec",
+    "Unavailable",
+    "checksum64",
+    "disk_tier",
+    "hash_prefix",
+    "host_tier",
+    "layout_preset",
+    "layout_preset_names",
+    "open_cache",
+    "parse_bytes",
+]
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
+
+
+def parse_bytes(size) -> int:
+    """An int, or "64MiB" / "2 GiB" / "1048576" -> bytes. InvalidArgument otherwise."""
+    if isinstance(size, int):
+        return size
+    text = str(size).strip().lower().replace(" ", "")
+    digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(digits):]
+    if not digits or unit not in _UNITS:
+        raise InvalidArgument(f"cannot parse '{size}' as a size (e.g. 64MiB, 2GiB)")
+    return int(float(digits) * _UNITS[unit])
+
+
+def host_tier(capacity, *, threads: int = 1, eviction: str = "lru", name: str = "") -> TierSpec:
+    """A host DRAM tier of `capacity` bytes (an int or "8GiB")."""
+    return TierSpec("host", parse_bytes(capacity), name=name, threads=threads, eviction=eviction)
+
+
+def disk_tier(path, capacity, *, name: str = "", **params) -> TierSpec:
+    """An SSD tier in directory `path` (created when missing); params as in doc/config.md."""
+    p = {"path": str(path)}
+    p.update({k: str(v) for k, v in params.items()})
+    return TierSpec("disk", parse_bytes(capacity), name=name, params=p)
+
+
+def open_cache(layout: KvLayout, tiers, *, model_id: str = "default", model_revision: str = "",
+               tenant: str = "", lora_id: str = "", write_mode: str = "write-through",
+               verify_checksums: bool = True, promote_on_load: bool = True) -> Cache:
+    """Opens an in-process Cache. Raises kvtier.InvalidArgument naming a wrong option."""
+    return Cache.open(CacheOptions(layout, list(tiers), model_id=model_id,
+                                   model_revision=model_revision, tenant=tenant,
+                                   lora_id=lora_id, write_mode=write_mode,
+                                   verify_checksums=verify_checksums,
+                                   promote_on_load=promote_on_load))

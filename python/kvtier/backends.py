@@ -1,0 +1,96 @@
+"""Where an engine integration gets its KvCache: one factory, two backends.
+
+    cache = kvtier.backends.shared_cache(config, layout)
+
+- backend "inprocess": a Cache opened in this process from the config's tiers. Every caller in
+  the process that passes an equal config and layout gets the same Cache (a module-level
+  registry), so the two halves of a vLLM connector that live in one EngineCore process share it.
+- backend "daemon": the node's `kvtier serve` through the C++ Client. Not built yet: plug it in
+  at _open_daemon, the one place that knows about it.
+
+Config keys (a dict, e.g. vLLM's kv_connector_extra_config) are listed in doc/python.md.
+Thread-safety: shared_cache may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import kvtier
+
+BACKENDS = ("inprocess", "daemon")
+
+_lock = threading.Lock()
+_registry: dict[str, kvtier.KvCache] = {}
+
+
+def _registry_key(config: dict[str, Any], layout: kvtier.KvLayout) -> str:
+    return json.dumps({"config": config, "layout": repr(layout)}, sort_keys=True, default=str)
+
+
+def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
+    tiers = []
+    host = config.get("host_capacity", "1GiB")
+    if host and kvtier.parse_bytes(host) > 0:
+        tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1))))
+    if config.get("disk_path"):
+        params = {k[len("disk_"):]: v for k, v in config.items()
+                  if k.startswith("disk_") and k not in ("disk_path", "disk_capacity")}
+        tiers.append(kvtier.disk_tier(config["disk_path"], config.get("disk_capacity", "8GiB"),
+                                      **params))
+    if not tiers:
+        raise kvtier.InvalidArgument("kvtier config: no tier (set host_capacity or disk_path)")
+    return tiers
+
+
+def _open_inprocess(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
+    return kvtier.open_cache(
+        layout, _tiers(config),
+        model_id=str(config.get("model_id", "default")),
+        model_revision=str(config.get("model_revision", "")),
+        tenant=str(config.get("tenant", "")),
+        lora_id=str(config.get("lora_id", "")),
+        write_mode=str(config.get("write_mode", "write-through")),
+        verify_checksums=bool(config.get("verify_checksums", True)))
+
+
+def _open_daemon(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
+    # The lead plugs the daemon Client in here once `kvtier serve` and kvtier::Client land:
+    # bind Client as a subclass of KvCache (python/src/module.cc) and return
+    # kvtier.Client.connect(config.get("socket", ...), layout, model_id=..., ...).
+    client = getattr(kvtier, "Client", None)
+    if client is None:
+        raise kvtier.Unavailable(
+            "kvtier backend 'daemon': this build has no daemon client (kvtier serve is not "
+            "available yet); use backend 'inprocess'")
+    return client.connect(config, layout)  # pragma: no cover - shape decided with the Client
+
+
+def open_cache(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
+    """A new KvCache for config. Raises kvtier.InvalidArgument for a bad key, or the backend's
+    error (Unavailable when the daemon cannot be reached)."""
+    backend = config.get("backend", "inprocess")
+    if backend == "inprocess":
+        return _open_inprocess(config, layout)
+    if backend == "daemon":
+        return _open_daemon(config, layout)
+    raise kvtier.InvalidArgument(f"kvtier config: backend '{backend}' is not one of {BACKENDS}")
+
+
+def shared_cache(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
+    """The process's KvCache for (config, layout), opened on first use."""
+    key = _registry_key(config, layout)
+    with _lock:
+        cache = _registry.get(key)
+        if cache is None:
+            cache = open_cache(config, layout)
+            _registry[key] = cache
+        return cache
+
+
+def close_all() -> None:
+    """Drops every shared cache (tests; a process exit does the same)."""
+    with _lock:
+        _registry.clear()

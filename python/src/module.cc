@@ -1,0 +1,519 @@
+// kvtier._kvtier: the Python binding of kvtier (see doc/python.md).
+//
+// Everything is bound against KvCache, the interface, so a daemon Client needs only its own
+// constructor here. Block buffers cross as nanobind ndarrays (numpy, torch via DLPack): the
+// library reads and writes the caller's memory, nothing is copied into Python objects. Every
+// call that moves or hashes data releases the GIL.
+//
+// Errors: a non-OK Status raises kvtier.<Code> (a subclass of kvtier.KvtierError; InvalidArgument
+// is also a ValueError) carrying kvtier's message; .code holds the code's name.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/cache.h"
+#include "kvtier/config.h"
+#include "kvtier/kv_cache.h"
+#include "kvtier/layout.h"
+#include "kvtier/status.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvtier {
+namespace {
+
+// Python exception classes by StatusCode (index = code); filled at module init.
+std::array<PyObject*, 7> g_errors{};
+
+[[noreturn]] void Raise(const Status& s) {
+  PyObject* cls = g_errors[static_cast<size_t>(s.code())];
+  nb::object err = nb::steal(PyObject_CallFunction(cls, "s", s.message().c_str()));
+  if (!err.is_valid()) throw nb::python_error();
+  nb::setattr(err, "code", nb::str(std::string(StatusCodeName(s.code())).c_str()));
+  PyErr_SetObject(cls, err.ptr());
+  throw nb::python_error();
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+[[noreturn]] void RaiseInvalid(const std::string& message) {
+  Raise(Status::InvalidArgument(message));
+}
+
+DType DTypeFrom(const std::string& name) {
+  auto d = ParseDType(name);
+  if (!d) RaiseInvalid("dtype '" + name + "': not bf16, fp16, fp8 or fp32");
+  return *d;
+}
+
+AttentionKind AttentionFrom(const std::string& name) {
+  auto a = ParseAttentionKind(name);
+  if (!a) RaiseInvalid("attention '" + name + "': not mha, gqa or mla");
+  return *a;
+}
+
+// Any CPU ndarray, any dtype; contiguity and size are checked here so a wrong buffer is a
+// ValueError naming it, never a write past its end.
+using AnyArray = nb::ndarray<nb::device::cpu>;
+using AnyConstArray = nb::ndarray<nb::ro, nb::device::cpu>;
+
+template <typename Array>
+std::span<std::byte> BytesOf(const Array& a, const char* what) {
+  int64_t expect = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expect)
+      RaiseInvalid(std::string(what) + ": the buffer is not C-contiguous");
+    expect *= static_cast<int64_t>(a.shape(d));
+  }
+  auto* p = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(a.data())));
+  return {p, a.nbytes()};
+}
+
+// Splits one buffer (n whole blocks) or a list of buffers (one block each) into block spans.
+template <typename Array, typename Span>
+std::vector<Span> Blocks(nb::handle buffers, uint64_t block_bytes, const char* what) {
+  std::vector<Span> out;
+  Array one;
+  if (nb::try_cast(buffers, one, false)) {
+    auto bytes = BytesOf(one, what);
+    if (bytes.size() % block_bytes != 0)
+      RaiseInvalid(std::string(what) + ": a buffer of " + std::to_string(bytes.size()) +
+                   " bytes is not a whole number of " + std::to_string(block_bytes) +
+                   "-byte blocks");
+    for (size_t off = 0; off < bytes.size(); off += block_bytes)
+      out.push_back(Span(bytes.data() + off, block_bytes));
+    return out;
+  }
+  if (!nb::isinstance<nb::sequence>(buffers) || nb::isinstance<nb::str>(buffers))
+    RaiseInvalid(std::string(what) + ": expected an array or a list of arrays");
+  size_t i = 0;
+  for (nb::handle item : buffers) {
+    Array a;
+    if (!nb::try_cast(item, a, false))
+      RaiseInvalid(std::string(what) + "[" + std::to_string(i) +
+                   "]: not a writable CPU array (numpy, or torch through DLPack)");
+    auto bytes = BytesOf(a, what);
+    if (bytes.size() != block_bytes)
+      RaiseInvalid(std::string(what) + "[" + std::to_string(i) +
+                   "]: " + std::to_string(bytes.size()) + " bytes, a block is " +
+                   std::to_string(block_bytes));
+    out.push_back(Span(bytes.data(), bytes.size()));
+    ++i;
+  }
+  return out;
+}
+
+RequestOptions Request(const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
+  return RequestOptions{tenant, lora_id, session_id};
+}
+
+nb::dict HistogramDict(const Histogram::Snapshot& h) {
+  nb::dict d;
+  d["count"] = h.count;
+  d["sum"] = h.sum;
+  d["max"] = h.max;
+  d["mean"] = h.Mean();
+  d["p50"] = h.Percentile(0.5);
+  d["p99"] = h.Percentile(0.99);
+  return d;
+}
+
+nb::dict StatsDict(const CacheStats& s) {
+  nb::list tiers;
+  for (const auto& t : s.tiers) {
+    nb::dict d;
+    d["name"] = t.name;
+    d["kind"] = std::string(TierKindName(t.kind));
+    d["resident_blocks"] = t.resident_blocks;
+    d["hit_blocks"] = t.hit_blocks;
+    d["evictions"] = t.evictions;
+    d["writebacks"] = t.writebacks;
+    d["rejected"] = t.rejected;
+    d["corruptions"] = t.corruptions;
+    d["puts"] = t.tier.puts;
+    d["put_bytes"] = t.tier.put_bytes;
+    d["put_failures"] = t.tier.put_failures;
+    d["gets"] = t.tier.gets;
+    d["hits"] = t.tier.hits;
+    d["misses"] = t.tier.misses;
+    d["get_failures"] = t.tier.get_failures;
+    d["get_bytes"] = t.tier.get_bytes;
+    d["used_bytes"] = t.tier.used_bytes;
+    d["capacity_bytes"] = t.tier.capacity_bytes;
+    tiers.append(d);
+  }
+  nb::dict d;
+  d["tiers"] = tiers;
+  d["lookups"] = s.lookups;
+  d["lookup_blocks"] = s.lookup_blocks;
+  d["hit_blocks"] = s.hit_blocks;
+  d["loads"] = s.loads;
+  d["load_failed_blocks"] = s.load_failed_blocks;
+  d["stores"] = s.stores;
+  d["stored_blocks"] = s.stored_blocks;
+  d["lookup_latency_ns"] = HistogramDict(s.lookup_latency_ns);
+  d["load_latency_ns"] = HistogramDict(s.load_latency_ns);
+  d["store_latency_ns"] = HistogramDict(s.store_latency_ns);
+  return d;
+}
+
+SessionEvent SessionEventFrom(const std::string& name) {
+  if (name == "thinking") return SessionEvent::kThinking;
+  if (name == "active") return SessionEvent::kActive;
+  if (name == "finished") return SessionEvent::kFinished;
+  RaiseInvalid("session event '" + name + "': not thinking, active or finished");
+}
+
+}  // namespace
+}  // namespace kvtier
+
+NB_MODULE(_kvtier, m) {
+  using namespace kvtier;
+  m.doc() = "kvtier: tiered KV-cache offload (host DRAM, SSD, Redis) for LLM inference engines";
+  // Engine integrations keep one cache per process until exit (kvtier.backends); nanobind's
+  // report of objects alive at interpreter exit would only be noise in engines' logs.
+  nb::set_leak_warnings(false);
+
+  // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
+  PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);
+  m.attr("KvtierError") = nb::handle(base);
+  struct Named {
+    StatusCode code;
+    const char* name;
+    PyObject* also;
+  };
+  const Named named[] = {
+      {StatusCode::kNotFound, "NotFound", PyExc_KeyError},
+      {StatusCode::kInvalidArgument, "InvalidArgument", PyExc_ValueError},
+      {StatusCode::kUnavailable, "Unavailable", nullptr},
+      {StatusCode::kResourceExhausted, "ResourceExhausted", nullptr},
+      {StatusCode::kCorruption, "Corruption", nullptr},
+      {StatusCode::kInternal, "Internal", nullptr},
+  };
+  g_errors[0] = base;
+  for (const auto& n : named) {
+    nb::object bases = n.also ? nb::make_tuple(nb::handle(base), nb::handle(n.also))
+                              : nb::make_tuple(nb::handle(base));
+    PyObject* cls =
+        PyErr_NewException((std::string("kvtier.") + n.name).c_str(), bases.ptr(), nullptr);
+    g_errors[static_cast<size_t>(n.code)] = cls;
+    m.attr(n.name) = nb::handle(cls);
+  }
+
+  nb::class_<KvLayout>(m, "KvLayout", "The shape of one KV block (all layers, K and V).")
+      .def(
+          "__init__",
+          [](KvLayout* self, uint32_t num_layers, uint32_t num_kv_heads, uint32_t head_dim,
+             const std::string& dtype, uint32_t block_tokens, const std::string& attention) {
+            new (self) KvLayout{num_layers,       num_kv_heads, head_dim,
+                                DTypeFrom(dtype), block_tokens, AttentionFrom(attention)};
+            Check(self->Validate());
+          },
+          "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a = "bf16", "block_tokens"_a = 64,
+          "attention"_a = "mha")
+      .def_ro("num_layers", &KvLayout::num_layers)
+      .def_ro("num_kv_heads", &KvLayout::num_kv_heads)
+      .def_ro("head_dim", &KvLayout::head_dim)
+      .def_ro("block_tokens", &KvLayout::block_tokens)
+      .def_prop_ro("dtype", [](const KvLayout& l) { return std::string(DTypeName(l.dtype)); })
+      .def_prop_ro("attention",
+                   [](const KvLayout& l) { return std::string(AttentionKindName(l.attention)); })
+      .def_prop_ro("bytes_per_token", &KvLayout::bytes_per_token)
+      .def_prop_ro("bytes_per_block", &KvLayout::bytes_per_block)
+      .def_prop_ro("layer_bytes", &KvLayout::layer_bytes)
+      .def_prop_ro("fingerprint", &KvLayout::fingerprint)
+      .def("__eq__", [](const KvLayout& a, const KvLayout& b) { return a == b; })
+      .def("__repr__", &KvLayout::ToString);
+  m.def(
+      "layout_preset",
+      [](const std::string& name, uint32_t block_tokens) {
+        return Take(LayoutPreset(name, block_tokens));
+      },
+      "name"_a, "block_tokens"_a = 64);
+  m.def("layout_preset_names", &LayoutPresetNames);
+
+  nb::class_<BlockKey>(m, "BlockKey", "A block's 128-bit chained key.")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](BlockKey* k, uint64_t hi, uint64_t lo) {
+            new (k) BlockKey{hi, lo};
+          },
+          "hi"_a, "lo"_a)
+      .def_rw("hi", &BlockKey::hi)
+      .def_rw("lo", &BlockKey::lo)
+      .def("hex", &BlockKey::ToHex)
+      .def_static("from_hex", [](const std::string& hex) { return Take(BlockKey::FromHex(hex)); })
+      .def("__eq__", [](const BlockKey& a, const BlockKey& b) { return a == b; })
+      .def("__hash__", [](const BlockKey& k) { return BlockKeyHash{}(k); })
+      .def("__repr__", [](const BlockKey& k) { return "BlockKey('" + k.ToHex() + "')"; })
+      .def("__getstate__", [](const BlockKey& k) { return std::make_pair(k.hi, k.lo); })
+      .def("__setstate__", [](BlockKey& k, const std::pair<uint64_t, uint64_t>& s) {
+        new (&k) BlockKey{s.first, s.second};
+      });
+
+  nb::class_<Namespace>(m, "Namespace", "What separates one cache namespace from another.")
+      .def(
+          "__init__",
+          [](Namespace* n, std::string model_id, std::string model_revision,
+             uint64_t layout_fingerprint, std::string tenant, std::string lora_id) {
+            new (n) Namespace{std::move(model_id), std::move(model_revision), layout_fingerprint,
+                              std::move(tenant), std::move(lora_id)};
+          },
+          "model_id"_a, "model_revision"_a = "", "layout_fingerprint"_a = 0, "tenant"_a = "",
+          "lora_id"_a = "")
+      .def("root", &Namespace::Root);
+
+  m.def(
+      "hash_prefix",
+      [](const BlockKey& root, uint32_t block_tokens, const std::vector<TokenId>& tokens) {
+        if (block_tokens == 0) RaiseInvalid("hash_prefix: block_tokens must be > 0");
+        std::vector<BlockKey> keys;
+        {
+          nb::gil_scoped_release release;
+          HashPrefix(root, block_tokens, tokens, &keys);
+        }
+        return keys;
+      },
+      "root"_a, "block_tokens"_a, "tokens"_a,
+      "Keys of the full blocks of tokens (a partial last block has none).");
+  m.def(
+      "checksum64",
+      [](AnyConstArray a) {
+        auto b = BytesOf(a, "checksum64");
+        return Checksum64(b);
+      },
+      "buffer"_a);
+
+  nb::class_<TierSpec>(m, "TierSpec")
+      .def(
+          "__init__",
+          [](TierSpec* t, std::string kind, uint64_t capacity_bytes, std::string name, int threads,
+             std::string eviction, std::map<std::string, std::string> params) {
+            new (t) TierSpec{};
+            t->kind = std::move(kind);
+            t->capacity_bytes = capacity_bytes;
+            t->name = std::move(name);
+            t->threads = threads;
+            t->eviction = std::move(eviction);
+            t->params = std::move(params);
+          },
+          "kind"_a, "capacity_bytes"_a, "name"_a = "", "threads"_a = 1, "eviction"_a = "lru",
+          "params"_a = std::map<std::string, std::string>{})
+      .def_rw("kind", &TierSpec::kind)
+      .def_rw("name", &TierSpec::name)
+      .def_rw("capacity_bytes", &TierSpec::capacity_bytes)
+      .def_rw("threads", &TierSpec::threads)
+      .def_rw("eviction", &TierSpec::eviction)
+      .def_rw("params", &TierSpec::params);
+
+  nb::class_<CacheOptions>(m, "CacheOptions")
+      .def(
+          "__init__",
+          [](CacheOptions* o, const KvLayout& layout, std::vector<TierSpec> tiers,
+             std::string model_id, std::string model_revision, std::string tenant,
+             std::string lora_id, std::string write_mode, bool verify_checksums,
+             bool promote_on_load) {
+            new (o) CacheOptions{};
+            o->layout = layout;
+            o->tiers = std::move(tiers);
+            o->model_id = std::move(model_id);
+            o->model_revision = std::move(model_revision);
+            o->tenant = std::move(tenant);
+            o->lora_id = std::move(lora_id);
+            if (write_mode == "write-through") {
+              o->write_mode = WriteMode::kWriteThrough;
+            } else if (write_mode == "write-back") {
+              o->write_mode = WriteMode::kWriteBack;
+            } else {
+              RaiseInvalid("write_mode '" + write_mode + "': not write-through or write-back");
+            }
+            o->verify_checksums = verify_checksums;
+            o->promote_on_load = promote_on_load;
+          },
+          "layout"_a, "tiers"_a, "model_id"_a = "default", "model_revision"_a = "", "tenant"_a = "",
+          "lora_id"_a = "", "write_mode"_a = "write-through", "verify_checksums"_a = true,
+          "promote_on_load"_a = true)
+      .def_static(
+          "from_yaml",
+          [](const std::string& text, const std::string& source) {
+            return Take(ParseCacheOptionsYaml(text, source));
+          },
+          "text"_a, "source"_a = "<yaml>")
+      .def_static(
+          "from_file", [](const std::string& path) { return Take(LoadCacheOptionsFile(path)); },
+          "path"_a)
+      .def_rw("layout", &CacheOptions::layout)
+      .def_rw("tiers", &CacheOptions::tiers)
+      .def_rw("model_id", &CacheOptions::model_id)
+      .def_rw("model_revision", &CacheOptions::model_revision)
+      .def_rw("tenant", &CacheOptions::tenant)
+      .def_rw("lora_id", &CacheOptions::lora_id)
+      .def_rw("verify_checksums", &CacheOptions::verify_checksums)
+      .def_rw("promote_on_load", &CacheOptions::promote_on_load)
+      .def("validate", [](const CacheOptions& o) { Check(o.Validate()); });
+
+  nb::class_<LookupResult>(m, "LookupResult",
+                           "Which leading blocks are cached. Holds pins on them until "
+                           "release() (or the end of a with block).")
+      .def_ro("keys", &LookupResult::keys)
+      .def_ro("hit_blocks", &LookupResult::hit_blocks)
+      .def_ro("block_tokens", &LookupResult::block_tokens)
+      .def_prop_ro("hit_tokens", &LookupResult::hit_tokens)
+      .def_prop_ro(
+          "source",
+          [](const LookupResult& r) { return std::vector<int>(r.source.begin(), r.source.end()); })
+      .def_prop_ro("blocks_by_tier",
+                   [](const LookupResult& r) {
+                     return std::vector<uint32_t>(r.blocks_by_tier.begin(), r.blocks_by_tier.end());
+                   })
+      .def_prop_ro("pinned", [](const LookupResult& r) { return r.pins.held(); })
+      .def("release", [](LookupResult& r) { r.pins.Release(); })
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__exit__", [](LookupResult& r, nb::args) { r.pins.Release(); });
+
+  nb::class_<LoadResult>(m, "LoadResult")
+      .def_ro("loaded_blocks", &LoadResult::loaded_blocks)
+      .def_ro("bytes", &LoadResult::bytes)
+      .def_prop_ro("block_errors", [](const LoadResult& r) {
+        // One entry per requested block: None when it loaded, else "Code: message".
+        nb::list out;
+        for (const auto& s : r.block_status)
+          out.append(s.ok() ? nb::none() : nb::cast(s.ToString()));
+        return out;
+      });
+
+  nb::class_<StoreResult>(m, "StoreResult")
+      .def_ro("stored_blocks", &StoreResult::stored_blocks)
+      .def_ro("present_blocks", &StoreResult::present_blocks)
+      .def_ro("failed_blocks", &StoreResult::failed_blocks)
+      .def_prop_ro("first_error", [](const StoreResult& r) -> nb::object {
+        if (r.first_error.ok()) return nb::none();
+        return nb::cast(r.first_error.ToString());
+      });
+
+  // The interface: what the vLLM connector and any engine call. A daemon Client binds as a
+  // subclass of this with only its constructor.
+  nb::class_<KvCache>(m, "KvCache")
+      .def_prop_ro("layout", &KvCache::layout)
+      .def(
+          "root",
+          [](const KvCache& c, const std::string& tenant, const std::string& lora_id) {
+            return c.Root(Request(tenant, lora_id, 0));
+          },
+          "tenant"_a = "", "lora_id"_a = "")
+      .def(
+          "lookup",
+          [](KvCache& c, const std::vector<TokenId>& tokens, const std::string& tenant,
+             const std::string& lora_id, uint64_t session_id) {
+            Result<LookupResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.Lookup(tokens, Request(tenant, lora_id, session_id));
+            }
+            return Take(std::move(r));
+          },
+          "tokens"_a, "tenant"_a = "", "lora_id"_a = "", "session_id"_a = 0, nb::keep_alive<0, 1>())
+      .def(
+          "lookup_keys",
+          [](KvCache& c, const std::vector<BlockKey>& keys, const std::string& tenant,
+             const std::string& lora_id, uint64_t session_id) {
+            Result<LookupResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.LookupKeys(keys, Request(tenant, lora_id, session_id));
+            }
+            return Take(std::move(r));
+          },
+          "keys"_a, "tenant"_a = "", "lora_id"_a = "", "session_id"_a = 0, nb::keep_alive<0, 1>())
+      .def(
+          "load",
+          [](KvCache& c, const LookupResult& lookup, nb::handle dst) {
+            auto blocks = Blocks<AnyArray, MutableBlock>(dst, c.layout().bytes_per_block(), "dst");
+            Result<LoadResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.Load(lookup, blocks);
+            }
+            return Take(std::move(r));
+          },
+          "lookup"_a, "dst"_a,
+          "Copies the lookup's first hit blocks into dst: one C-contiguous array of whole "
+          "blocks, or a list of one-block arrays. Returns how many leading blocks loaded.")
+      .def(
+          "store",
+          [](KvCache& c, const std::vector<TokenId>& tokens, nb::handle blocks,
+             uint32_t first_block, const std::string& tenant, const std::string& lora_id,
+             uint64_t session_id) {
+            auto spans =
+                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+            Result<StoreResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.Store(tokens, spans, first_block, Request(tenant, lora_id, session_id));
+            }
+            return Take(std::move(r));
+          },
+          "tokens"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
+          "session_id"_a = 0)
+      .def(
+          "store_keys",
+          [](KvCache& c, const std::vector<BlockKey>& keys, nb::handle blocks, uint32_t first_block,
+             const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
+            auto spans =
+                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+            Result<StoreResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.StoreKeys(keys, spans, first_block, Request(tenant, lora_id, session_id));
+            }
+            return Take(std::move(r));
+          },
+          "keys"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
+          "session_id"_a = 0)
+      .def(
+          "notify_session",
+          [](KvCache& c, uint64_t session_id, const std::string& event) {
+            c.NotifySession(session_id, SessionEventFrom(event));
+          },
+          "session_id"_a, "event"_a)
+      .def("stats", [](const KvCache& c) { return StatsDict(c.stats()); });
+
+  nb::class_<Cache, KvCache>(m, "Cache", "The in-process cache (tiers in this process).")
+      .def_static(
+          "open",
+          [](CacheOptions options) {
+            Result<std::unique_ptr<Cache>> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = Cache::Open(std::move(options));
+            }
+            return Take(std::move(r));
+          },
+          "options"_a)
+      .def_prop_ro("num_tiers", &Cache::num_tiers)
+      .def("prometheus_text", &Cache::PrometheusText);
+}

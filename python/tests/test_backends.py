@@ -1,0 +1,53 @@
+"""kvtier.backends: the factory engine integrations get their KvCache from."""
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier import backends
+
+LAYOUT = kvtier.KvLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp32",
+                         block_tokens=16)
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    backends.close_all()
+    yield
+    backends.close_all()
+
+
+def test_inprocess_caches_are_shared_per_config(tmp_path):
+    cfg = {"host_capacity": "4MiB", "disk_path": str(tmp_path / "d"), "disk_capacity": "16MiB",
+           "model_id": "m", "model_revision": "r1"}
+    a = backends.shared_cache(dict(cfg), LAYOUT)
+    b = backends.shared_cache(dict(cfg), LAYOUT)
+    assert a is b  # both halves of a connector in one process meet here
+    assert [t["kind"] for t in a.stats()["tiers"]] == ["host", "disk"]
+    tokens = list(range(16))
+    a.store(tokens, np.ones((1, LAYOUT.bytes_per_block), np.uint8))
+    with b.lookup(tokens) as hit:
+        assert hit.hit_blocks == 1
+    other = backends.shared_cache({"host_capacity": "4MiB", "model_id": "m",
+                                   "model_revision": "r2"}, LAYOUT)
+    assert other is not a
+    with other.lookup(tokens) as hit:
+        assert hit.hit_blocks == 0  # another revision of the model never shares a block
+
+
+def test_daemon_backend_is_unavailable_until_kvtier_serve_lands():
+    if hasattr(kvtier, "Client"):
+        pytest.skip("this build has the daemon client")
+    with pytest.raises(kvtier.Unavailable, match="kvtier serve"):
+        backends.open_cache({"backend": "daemon"}, LAYOUT)
+
+
+def test_bad_configs_name_the_key():
+    with pytest.raises(kvtier.InvalidArgument, match="backend 'redis'"):
+        backends.open_cache({"backend": "redis"}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="no tier"):
+        backends.open_cache({"host_capacity": 0}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="8XB"):
+        backends.open_cache({"host_capacity": "8XB"}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="no_such_param"):
+        backends.open_cache({"disk_path": "/tmp/x", "disk_no_such_param": 1}, LAYOUT)

@@ -1,0 +1,144 @@
+"""One vLLM run in this process, for test_vllm.py: prints one JSON line with what happened.
+
+    python vllm_run.py make-model DIR
+    python vllm_run.py run SPEC_JSON
+
+A run drives vLLM offline on token ids (no tokenizer, no hub), greedy, eager. SPEC_JSON:
+  model: the model folder; prefix_caching: bool; kvtier: null or the connector's extra config;
+  phases: in order, "conversation" (turn 1, then turn 2 = turn 1 + its output + new tokens,
+  repeated `passes` times; vLLM's counters are read right after it) and "misses" (distinct
+  prompts, throughput measured after a warm-up).
+"""
+
+import json
+import os
+import sys
+import time
+
+# Before vLLM is imported: no hub, a small KV space, no thread pinning on a shared machine.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+# One process: the engine core runs in this process and the worker inside it (executor "uni"),
+# so vLLM and torch are imported once per run (each import costs tens of seconds here).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+VOCAB = 512
+BLOCK_SIZE = 32  # vLLM's block (the CPU kernels want a multiple of 32)
+KVTIER_BLOCK = 128  # 4 vLLM blocks per kvtier block
+
+
+def make_model(path: str) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=64, max_position_embeddings=4096, torch_dtype="float32",
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    # Larger weights than the default init give peaked logits, so greedy tokens are robust.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    print(json.dumps({"model": path}))
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1, VOCAB) for _ in range(n)]
+
+
+def metric_sum(llm, name: str) -> float:
+    total = 0.0
+    for m in llm.get_metrics():
+        if m.name == name and hasattr(m, "value"):
+            total += m.value
+    return total
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              block_size=BLOCK_SIZE, max_model_len=4096, max_num_seqs=8,
+              enable_prefix_caching=spec["prefix_caching"], disable_log_stats=False, seed=0,
+              disable_hybrid_kv_cache_manager=True, distributed_executor_backend="uni")
+    if "async_scheduling" in spec:
+        kw["async_scheduling"] = spec["async_scheduling"]
+    if spec.get("kvtier") is not None:
+        extra = {"block_tokens": KVTIER_BLOCK}
+        extra.update(spec["kvtier"])
+        kw["kv_transfer_config"] = {"kv_connector": "KvtierConnector",
+                                    "kv_connector_module_path": "kvtier.integrations.vllm",
+                                    "kv_role": "kv_both", "kv_connector_extra_config": extra}
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    out = {"pid": os.getpid(), "start_s": round(time.perf_counter() - t0, 2)}
+
+    def generate(prompts, max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                            detokenize=False)
+        res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                           use_tqdm=False)
+        return res
+
+    def counters():
+        return {"vllm_external_hits": metric_sum(llm, "vllm:external_prefix_cache_hits"),
+                "vllm_external_queries": metric_sum(llm, "vllm:external_prefix_cache_queries"),
+                "vllm_prefix_hits": metric_sum(llm, "vllm:prefix_cache_hits")}
+
+    for phase in spec["phases"]:
+        if phase == "conversation":
+            turn1 = tokens(1, spec.get("turn1_tokens", 600))
+            passes = []
+            for _ in range(spec.get("passes", 1)):
+                r1 = generate([turn1], 24)[0]
+                o1 = list(r1.outputs[0].token_ids)
+                turn2 = turn1 + o1 + tokens(2, 150)
+                r2 = generate([turn2], 24)[0]
+                o2 = list(r2.outputs[0].token_ids)
+                ttft = [getattr(r.metrics, "first_token_latency", None) for r in (r1, r2)]
+                passes.append({"turn1": o1, "turn2": o2, "ttft_s": ttft,
+                               "turn2_prompt_tokens": len(turn2)})
+            out["passes"] = passes
+            out.update(counters())
+        elif phase == "misses":
+            # Distinct prompts (0% hits anywhere); throughput after a warm-up batch.
+            generate([tokens(1000 + i, 500) for i in range(4)], 8)
+            # Best of three batches: the machine is shared, and a slow moment is not the connector.
+            hooks = sys.modules.get("kvtier.integrations.vllm")
+            best, share = 0.0, None
+            for rep in range(3):
+                prompts = [tokens(2000 + 100 * rep + i, 500) for i in range(spec.get("requests", 8))]
+                h0 = hooks.HOOK_SECONDS[0] if hooks else 0.0
+                t = time.perf_counter()
+                res = generate(prompts, 16)
+                dt = time.perf_counter() - t
+                n = sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, res))
+                if n / dt > best:
+                    best = n / dt
+                    # The connector's share of the batch's time, measured in this process.
+                    share = (hooks.HOOK_SECONDS[0] - h0) / dt if hooks else None
+            out["miss_tokens_per_s"] = best
+            out["miss_connector_share"] = share
+            if hooks:
+                out["hook_seconds"] = dict(hooks.HOOK_SECONDS_BY_NAME)
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make-model":
+        make_model(sys.argv[2])
+    else:
+        result = run(json.loads(sys.argv[2]))
+        print("KVTIER_RUN " + json.dumps(result), flush=True)
