@@ -11,6 +11,7 @@
 #include "kvtier/client.h"
 #include "serve/serve_options.h"
 #include "serve/server.h"
+#include "serve_export.h"
 
 namespace kvtier::cli {
 namespace {
@@ -38,10 +39,52 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
   sigemptyset(&set);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::unique_ptr<EventPublisher> events;
+  if (!cfg->serve.events_addr.empty()) {
+    std::vector<std::string> names;
+    for (const TierSpec& t : cfg->cache.tiers) names.push_back(t.name.empty() ? t.kind : t.name);
+    auto p = EventPublisher::Start(cfg->serve.events_addr, cfg->cache.layout.block_tokens, names);
+    if (!p.ok()) {
+      spdlog::error("kvtier serve: serve.events_addr: {}", p.status().message());
+      return 1;
+    }
+    events = std::move(p).value();
+    EventPublisher* raw = events.get();
+    cfg->cache.on_event = [raw](const KvEvent& e) { raw->Publish(e); };
+    spdlog::info("kvtier serve: KV events on {}", events->endpoint());
+  }
   auto server = serve::Server::Start(cfg->cache, cfg->serve);
   if (!server.ok()) {
     spdlog::error("kvtier serve: {}", server.status().message());
     return 1;
+  }
+  std::unique_ptr<MetricsServer> http;
+  if (!cfg->serve.metrics_addr.empty()) {
+    std::string addr = cfg->serve.metrics_addr;
+    if (addr.find(':') == std::string::npos) addr = "127.0.0.1:" + addr;  // a port alone
+    if (addr[0] == ':') addr = "127.0.0.1" + addr;
+    serve::Server* srv = server->get();
+    auto m = MetricsServer::Start(addr, [srv] {
+      const serve::ServeCounters c = srv->counters();
+      std::string t = srv->cache().PrometheusText();
+      t += "# TYPE kvtier_serve_clients gauge\nkvtier_serve_clients " + std::to_string(c.clients);
+      t += "\n# TYPE kvtier_serve_leases gauge\nkvtier_serve_leases " + std::to_string(c.leases);
+      t += "\n# TYPE kvtier_serve_reservations gauge\nkvtier_serve_reservations " +
+           std::to_string(c.reservations);
+      t += "\n# TYPE kvtier_serve_refused_total counter\nkvtier_serve_refused_total " +
+           std::to_string(c.refused);
+      t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
+           "kvtier_serve_protocol_errors_total " +
+           std::to_string(c.disconnects) + "\n";
+      return t;
+    });
+    if (!m.ok()) {
+      spdlog::error("kvtier serve: serve.metrics_addr: {}", m.status().message());
+      return 1;
+    }
+    http = std::move(m).value();
+    spdlog::info("kvtier serve: metrics on http://{}:{}/metrics", addr.substr(0, addr.rfind(':')),
+                 http->port());
   }
   spdlog::info("kvtier serve: pid {} serving {} on {} (protocol {}, lease {} ms)", getpid(),
                cfg->cache.layout.ToString(), (*server)->socket_path(), serve::kProtocolVersion,
@@ -67,8 +110,10 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
       continue;
     }
     spdlog::info("kvtier serve: {}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    http.reset();
     (*server)->Stop();
     server->reset();
+    events.reset();  // after the server: its last events are sent first
     spdlog::info("kvtier serve: stopped");
     return 0;
   }
