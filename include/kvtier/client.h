@@ -33,7 +33,7 @@ std::string DefaultSocketPath();
 struct ClientOptions {
   std::string socket_path;  // empty = DefaultSocketPath()
   // The engine's block shape; it must equal the daemon's. All zero = an operator connection
-  // (stats, flush, drop: no data plane).
+  // (stats, ping, flush: no data plane).
   KvLayout layout{};
   std::string model_id = "default";
   std::string model_revision;

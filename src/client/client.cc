@@ -62,7 +62,7 @@ struct Conn {
 
 }  // namespace
 
-class Client::Impl : public std::enable_shared_from_this<Client::Impl> {
+class Client::Impl {
  public:
   explicit Impl(ClientOptions o) : opt_(std::move(o)) {
     if (opt_.socket_path.empty()) opt_.socket_path = DefaultSocketPath();
@@ -159,7 +159,6 @@ class Client::Impl : public std::enable_shared_from_this<Client::Impl> {
   }
 
   void StartReconnector() {
-    std::weak_ptr<Impl> weak = weak_from_this();
     reconnector_ = std::thread([this] {
       std::unique_lock<std::mutex> lk(wait_mu_);
       while (!closing_) {

@@ -565,6 +565,12 @@ void Server::Impl::Serve(Conn* c) {
       case MsgType::kPing:
         break;
       case MsgType::kFlush: {
+        // An operator's command: the daemon's own user or root only.
+        if (c->peer.uid != getuid() && c->peer.uid != 0) {
+          st = Status::InvalidArgument("flush: only uid " + std::to_string(getuid()) +
+                                       " or root may flush; " + c->Name() + " may not");
+          break;
+        }
         const uint64_t n = CacheHooks::ClearManaged(*cache_);
         spdlog::info("{}: flush dropped {} blocks", c->Name(), n);
         w.U64(n);
