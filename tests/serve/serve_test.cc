@@ -397,6 +397,7 @@ TEST_F(ServeTest, DaemonStoppedClientsTimeOutAndGoOn) {
   StoreChain(**c, 3, 4);
   ASSERT_EQ(LoadChain(**c, 3, 4), 4);
   kill(d.pid(), SIGSTOP);
+  ASSERT_TRUE(d.WaitStopped(5000));
   // Two seconds stopped: every call returns a miss within its deadline (the background
   // reconnects time out too, without holding calls up).
   const auto stopped = std::chrono::steady_clock::now();
