@@ -1,8 +1,11 @@
 // kvtier serve: the node daemon (doc/serve.md); kvtier status / flush: its operator commands.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,13 @@
 
 namespace kvtier::cli {
 namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+}
 
 Result<serve::ServeConfig> ReadConfig(const std::string& path) {
   if (path.empty()) {
@@ -34,11 +44,16 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
   }
   if (!socket.empty()) cfg->serve.socket_path = socket;
   if (!metrics.empty()) cfg->serve.metrics_addr = metrics;
-  // Signals are taken by this thread alone (sigwait), so every server thread blocks them.
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Signals reach this thread through a pipe: whichever thread the kernel picks (libraries
+  // such as the CUDA runtime start threads of their own) only writes the signal number.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    spdlog::error("kvtier serve: pipe: {}", std::strerror(errno));
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &sa, nullptr);
   std::unique_ptr<EventPublisher> events;
   if (!cfg->serve.events_addr.empty()) {
     std::vector<std::string> names;
@@ -90,8 +105,9 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
                cfg->cache.layout.ToString(), (*server)->socket_path(), serve::kProtocolVersion,
                cfg->serve.lease_ms);
   for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
+    unsigned char byte = 0;
+    if (read(g_signal_pipe[0], &byte, 1) != 1) continue;  // EINTR
+    const int sig = byte;
     if (sig == SIGHUP) {
       if (config.empty()) {
         spdlog::info("kvtier serve: SIGHUP: no --config to reload");
