@@ -433,7 +433,7 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
                                              " could not be staged into the arena");
       break;
     }
-    std::memcpy(dst[i].data(), h->arena->base + off, bb);
+    CopyBlock(dst[i].data(), h->arena->base + off, bb);
     r.loaded_blocks = i + 1;
     r.bytes += bb;
   }
