@@ -19,6 +19,7 @@
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "hash/xxh.h"
 #include "kvtier/client.h"
 #include "serve/socket_io.h"
 #include "tiers/host/host_tier.h"
@@ -26,7 +27,12 @@
 namespace kvtier::serve {
 
 BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root) {
-  return ChainKeyFromId(client_key, root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
+  // XXH3-128 of the 16-byte key seeded by the root: its short-input path, ~2x cheaper than
+  // chaining 24 bytes, and still a hash (not a bijection a client could invert).
+  const uint64_t k[2] = {client_key.hi, client_key.lo};
+  const XXH128_hash_t h =
+      XXH3_128bits_withSeed(k, sizeof(k), root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
+  return BlockKey{h.high64, h.low64};
 }
 
 namespace {
