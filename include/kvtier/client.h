@@ -95,6 +95,11 @@ class Client final : public KvCache {
   // The daemon's cache stats; empty when it cannot be reached.
   CacheStats stats() const override;
 
+  // Brings the cached prefix of tokens up into the daemon's arena ahead of its request (an
+  // agent whose tool call is about to return): blocks on SSD or Redis are staged, nothing is
+  // pinned. Returns how many leading blocks are now in the arena; 0 without a daemon.
+  Result<uint32_t> Prefetch(std::span<const TokenId> tokens, const RequestOptions& request = {});
+
   bool connected() const;
   // Waits up to timeout_ms for a connection; OK when connected.
   Status WaitConnected(uint32_t timeout_ms) const;

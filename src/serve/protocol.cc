@@ -29,6 +29,8 @@ std::string_view MsgTypeName(uint16_t type) {
       return "flush";
     case MsgType::kDropTenant:
       return "drop-tenant";
+    case MsgType::kPrefetch:
+      return "prefetch";
   }
   return "unknown";
 }
@@ -419,7 +421,8 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
       Hello m;
       return DecodeHello(payload, &m);
     }
-    case MsgType::kLookup: {
+    case MsgType::kLookup:
+    case MsgType::kPrefetch: {
       LookupReq m;
       return DecodeLookup(payload, &m);
     }

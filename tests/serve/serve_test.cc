@@ -380,7 +380,16 @@ TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
   EXPECT_FALSE((*c)->connected());
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   ASSERT_TRUE((*c)->WaitConnected(5000).ok());
-  // The restarted daemon reopened the SSD tier: the blocks come back through the arena.
+  // The restarted daemon reopened the SSD tier: a prefetch stages the first 6 blocks into the
+  // arena, then the whole chain comes back through it.
+  auto staged = (*c)->Prefetch(Tokens(6 * SmallLayout().block_tokens, 9));
+  ASSERT_TRUE(staged.ok());
+  EXPECT_EQ(*staged, 6u);
+  auto lr = (*c)->Lookup(Tokens(12 * SmallLayout().block_tokens, 9));
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->blocks_by_tier[0], 6u);  // prefetched: now in the host arena
+  EXPECT_EQ(lr->blocks_by_tier[1], 6u);  // still on SSD: staged by Load
+  lr->pins.Release();
   EXPECT_EQ(LoadChain(**c, 9, 12), 12);
   auto st = StatusOf(d);
   ASSERT_TRUE(st.ok());
