@@ -33,7 +33,7 @@ std::string DefaultSocketPath();
 struct ClientOptions {
   std::string socket_path;  // empty = DefaultSocketPath()
   // The engine's block shape; it must equal the daemon's. All zero = an operator connection
-  // (stats, flush, drop: no data plane).
+  // (stats, ping, flush: no data plane).
   KvLayout layout{};
   std::string model_id = "default";
   std::string model_revision;
@@ -94,6 +94,11 @@ class Client final : public KvCache {
   void NotifySession(uint64_t session_id, SessionEvent event) override;
   // The daemon's cache stats; empty when it cannot be reached.
   CacheStats stats() const override;
+
+  // Brings the cached prefix of tokens up into the daemon's arena ahead of its request (an
+  // agent whose tool call is about to return): blocks on SSD or Redis are staged, nothing is
+  // pinned. Returns how many leading blocks are now in the arena; 0 without a daemon.
+  Result<uint32_t> Prefetch(std::span<const TokenId> tokens, const RequestOptions& request = {});
 
   bool connected() const;
   // Waits up to timeout_ms for a connection; OK when connected.

@@ -12,6 +12,10 @@
 
 #include <spdlog/spdlog.h>
 
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "common/clock.h"
 #include "common/copy.h"
 #include "common/mutex.h"
@@ -47,7 +51,20 @@ namespace {
 struct Arena {
   std::byte* base = nullptr;
   size_t bytes = 0;
+  bool pinned = false;
+  // With CUDA, the mapping is registered as pinned memory so device copies are DMA.
+  void Pin() {
+#ifdef KVTIER_HAVE_CUDA
+    if (cudaHostRegister(base, bytes, cudaHostRegisterDefault) == cudaSuccess)
+      pinned = true;
+    else
+      (void)cudaGetLastError();
+#endif
+  }
   ~Arena() {
+#ifdef KVTIER_HAVE_CUDA
+    if (pinned) cudaHostUnregister(base);
+#endif
     if (base) munmap(base, bytes);
   }
 };
@@ -62,7 +79,7 @@ struct Conn {
 
 }  // namespace
 
-class Client::Impl : public std::enable_shared_from_this<Client::Impl> {
+class Client::Impl {
  public:
   explicit Impl(ClientOptions o) : opt_(std::move(o)) {
     if (opt_.socket_path.empty()) opt_.socket_path = DefaultSocketPath();
@@ -131,6 +148,7 @@ class Client::Impl : public std::enable_shared_from_this<Client::Impl> {
       c.arena = std::make_shared<Arena>();
       c.arena->base = static_cast<std::byte*>(p);
       c.arena->bytes = c.hello.arena_bytes;
+      c.arena->Pin();
     } else if (arena_fd >= 0) {
       close(arena_fd);
     }
@@ -159,7 +177,6 @@ class Client::Impl : public std::enable_shared_from_this<Client::Impl> {
   }
 
   void StartReconnector() {
-    std::weak_ptr<Impl> weak = weak_from_this();
     reconnector_ = std::thread([this] {
       std::unique_lock<std::mutex> lk(wait_mu_);
       while (!closing_) {
@@ -434,7 +451,7 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
                                              " could not be staged into the arena");
       break;
     }
-    std::memcpy(dst[i].data(), h->arena->base + off, bb);
+    CopyBlock(dst[i].data(), h->arena->base + off, bb);
     r.loaded_blocks = i + 1;
     r.bytes += bb;
   }
@@ -538,6 +555,36 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
   r.failed_blocks += cr.failed;
   if (r.first_error.ok()) r.first_error = cr.first_error;
   return r;
+}
+
+Result<uint32_t> Client::Prefetch(std::span<const TokenId> tokens, const RequestOptions& request) {
+  if (!impl_->data_plane_)
+    return Status::InvalidArgument("Prefetch: an operator client (no layout)");
+  std::vector<BlockKey> keys;
+  HashPrefix(impl_->Root(request), impl_->opt_.layout.block_tokens, tokens, &keys);
+  std::vector<std::byte> reply;
+  Status s = impl_->Call(
+      serve::MsgType::kPrefetch,
+      [&](Writer* w) {
+        w->Str(request.tenant);
+        w->Str(request.lora_id);
+        w->U64(request.session_id);
+        w->U8(0);
+        w->U32(static_cast<uint32_t>(keys.size()));
+        w->Raw(keys.data(), keys.size() * sizeof(BlockKey));
+      },
+      &reply);
+  uint32_t staged = 0;
+  if (s.ok()) {
+    Reader rd(reply);
+    s = Impl::ReplyStatus(&rd);
+    if (s.ok()) {
+      rd.U32(&staged);
+      s = rd.Done("prefetch reply");
+    }
+  }
+  if (s.code() == StatusCode::kInvalidArgument) return s;
+  return s.ok() ? staged : 0u;
 }
 
 void Client::NotifySession(uint64_t session_id, SessionEvent event) {

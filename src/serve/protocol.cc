@@ -1,5 +1,8 @@
 #include "serve/protocol.h"
 
+#include <bit>
+#include <cstddef>
+
 namespace kvtier::serve {
 
 std::string_view MsgTypeName(uint16_t type) {
@@ -26,6 +29,8 @@ std::string_view MsgTypeName(uint16_t type) {
       return "flush";
     case MsgType::kDropTenant:
       return "drop-tenant";
+    case MsgType::kPrefetch:
+      return "prefetch";
   }
   return "unknown";
 }
@@ -128,17 +133,21 @@ void EncodeScope(const Scope& s, Writer* w) {
 }
 bool DecodeScope(Reader* r, Scope* s) { return r->Str(&s->tenant) && r->Str(&s->lora_id); }
 
+// A key travels as u64 hi, u64 lo, little-endian: BlockKey's own layout on this (little-endian)
+// target, so a chain is one copy.
+static_assert(sizeof(BlockKey) == 16 && offsetof(BlockKey, hi) == 0 && offsetof(BlockKey, lo) == 8);
+static_assert(std::endian::native == std::endian::little);
+
 bool DecodeKeys(Reader* r, std::vector<BlockKey>* keys) {
   uint32_t n = 0;
   if (!r->Count(&n, 16)) return false;
   keys->resize(n);
-  for (auto& k : *keys) r->Key(&k);
-  return r->ok();
+  return r->Raw(keys->data(), uint64_t{n} * 16);
 }
 
 void EncodeKeys(std::span<const BlockKey> keys, Writer* w) {
   w->U32(static_cast<uint32_t>(keys.size()));
-  for (const auto& k : keys) w->Key(k);
+  w->Raw(keys.data(), keys.size() * sizeof(BlockKey));
 }
 
 bool DecodeU64s(Reader* r, std::vector<uint64_t>* v) {
@@ -412,7 +421,8 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
       Hello m;
       return DecodeHello(payload, &m);
     }
-    case MsgType::kLookup: {
+    case MsgType::kLookup:
+    case MsgType::kPrefetch: {
       LookupReq m;
       return DecodeLookup(payload, &m);
     }

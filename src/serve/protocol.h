@@ -45,6 +45,7 @@ enum class MsgType : uint16_t {
   kPing = 9,  // empty request, empty reply: the round-trip floor
   kFlush = 10,
   kDropTenant = 11,
+  kPrefetch = 12,  // a lookup payload: stage the hit prefix into the arena, no lease
 };
 std::string_view MsgTypeName(uint16_t type);
 

@@ -19,6 +19,7 @@
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "hash/xxh.h"
 #include "kvtier/client.h"
 #include "serve/socket_io.h"
 #include "tiers/host/host_tier.h"
@@ -26,7 +27,12 @@
 namespace kvtier::serve {
 
 BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root) {
-  return ChainKeyFromId(client_key, root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
+  // XXH3-128 of the 16-byte key seeded by the root: its short-input path, ~2x cheaper than
+  // chaining 24 bytes, and still a hash (not a bijection a client could invert).
+  const uint64_t k[2] = {client_key.hi, client_key.lo};
+  const XXH128_hash_t h =
+      XXH3_128bits_withSeed(k, sizeof(k), root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
+  return BlockKey{h.high64, h.low64};
 }
 
 namespace {
@@ -91,6 +97,10 @@ class Server::Impl {
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnReserve(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnCommit(Conn* c, std::span<const std::byte> in, Writer* w);
+  Status OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w);
+  // Offsets of lr's first n blocks, staging those below the arena into it first; from the
+  // first block that cannot be staged on, kNoOffset.
+  void Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets);
   void EndAll(Conn* c);
   // The namespace root for a request's scope; InvalidArgument when the peer may not use it.
   Result<BlockKey> RootFor(const Conn& c, const Scope& scope) const;
@@ -357,6 +367,58 @@ Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w)
   return Status::Ok();
 }
 
+void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets) {
+  std::span<const BlockKey> keys = std::span<const BlockKey>(lr.keys).first(n);
+  host_->Offsets(keys, offsets);
+  // Chunks of at most 64 blocks, so the scratch stays small whatever the prefix.
+  constexpr uint32_t kChunk = 64;
+  const uint64_t bb = cache_->layout().bytes_per_block();
+  std::vector<std::byte> scratch;
+  for (uint32_t begin = 0; begin < n; begin += kChunk) {
+    const uint32_t end = std::min(n, begin + kChunk);
+    bool missing = false;
+    for (uint32_t i = begin; i < end; ++i) missing |= offsets[i] == kNoOffset;
+    if (!missing) continue;
+    // Load promotes into the arena (tier 0), where lr's pins keep the blocks.
+    LookupResult part;
+    part.keys.assign(lr.keys.begin() + begin, lr.keys.begin() + end);
+    part.source.assign(lr.source.begin() + begin, lr.source.begin() + end);
+    part.hit_blocks = end - begin;
+    part.block_tokens = lr.block_tokens;
+    scratch.resize(uint64_t{end - begin} * bb);
+    std::vector<MutableBlock> dst;
+    for (uint32_t i = 0; i < end - begin; ++i) dst.emplace_back(scratch.data() + i * bb, bb);
+    auto loaded = cache_->Load(part, dst);
+    host_->Offsets(keys.subspan(begin, end - begin), offsets.subspan(begin, end - begin));
+    const uint32_t ok = loaded.ok() ? loaded->loaded_blocks : 0;
+    if (ok < end - begin) {  // the rest of the prefix would be recomputed anyway
+      for (uint32_t i = begin + ok; i < n; ++i) offsets[i] = kNoOffset;
+      return;
+    }
+  }
+}
+
+Status Server::Impl::OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w) {
+  LookupReq m;
+  KVTIER_RETURN_IF_ERROR(DecodeLookup(in, &m));
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  std::vector<BlockKey> keys;
+  if (m.tokens)
+    HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
+  else
+    keys = std::move(m.keys);
+  for (BlockKey& k : keys) k = InternalKey(k, root);
+  RequestOptions ro;
+  ro.session_id = m.session_id;
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, cache_->LookupKeys(keys, ro));
+  std::vector<uint64_t> offsets(lr.hit_blocks);
+  Stage(lr, lr.hit_blocks, offsets);
+  uint32_t staged = 0;
+  while (staged < offsets.size() && offsets[staged] != kNoOffset) ++staged;
+  w->U32(staged);  // lr's pins end here: prefetched blocks stay by recency, not by lease
+  return Status::Ok();
+}
+
 Status Server::Impl::OnLoad(Conn* c, std::span<const std::byte> in, Writer* w) {
   LoadReq m;
   KVTIER_RETURN_IF_ERROR(DecodeLoad(in, &m));
@@ -373,22 +435,7 @@ Status Server::Impl::OnLoad(Conn* c, std::span<const std::byte> in, Writer* w) {
   const uint32_t n = std::min(m.blocks, lease.lookup.hit_blocks);
   LoadReply r;
   r.offsets.resize(n);
-  std::span<const BlockKey> keys = std::span<const BlockKey>(lease.lookup.keys).first(n);
-  host_->Offsets(keys, r.offsets);
-  uint32_t missing = 0;
-  for (uint64_t o : r.offsets) missing += o == kNoOffset;
-  if (missing > 0) {
-    // Stage from the lower tiers: Load promotes into the arena (tier 0), where the lease's
-    // pins keep them.
-    const uint64_t bb = cache_->layout().bytes_per_block();
-    std::vector<std::byte> scratch(uint64_t{n} * bb);
-    std::vector<MutableBlock> dst;
-    for (uint32_t i = 0; i < n; ++i) dst.emplace_back(scratch.data() + i * bb, bb);
-    auto loaded = cache_->Load(lease.lookup, dst);
-    host_->Offsets(keys, r.offsets);
-    if (loaded.ok())
-      for (uint32_t i = loaded->loaded_blocks; i < n; ++i) r.offsets[i] = kNoOffset;
-  }
+  Stage(lease.lookup, n, r.offsets);
   {
     MutexLock cl(&c->mu);
     lease.expires_ns = MonotonicNs() + LeaseNs();
@@ -546,6 +593,9 @@ void Server::Impl::Serve(Conn* c) {
       case MsgType::kCommit:
         st = OnCommit(c, payload, &w);
         break;
+      case MsgType::kPrefetch:
+        st = OnPrefetch(c, payload, &w);
+        break;
       case MsgType::kRelease: {
         uint64_t id = 0;
         st = DecodeU64(payload, &id, "release");
@@ -565,6 +615,12 @@ void Server::Impl::Serve(Conn* c) {
       case MsgType::kPing:
         break;
       case MsgType::kFlush: {
+        // An operator's command: the daemon's own user or root only.
+        if (c->peer.uid != getuid() && c->peer.uid != 0) {
+          st = Status::InvalidArgument("flush: only uid " + std::to_string(getuid()) +
+                                       " or root may flush; " + c->Name() + " may not");
+          break;
+        }
         const uint64_t n = CacheHooks::ClearManaged(*cache_);
         spdlog::info("{}: flush dropped {} blocks", c->Name(), n);
         w.U64(n);

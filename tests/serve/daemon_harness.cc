@@ -1,5 +1,6 @@
 #include "daemon_harness.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -71,6 +72,27 @@ std::string Daemon::Log() const {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+bool Daemon::WaitStopped(int timeout_ms) const {
+  const std::string dir = "/proc/" + std::to_string(pid_) + "/task";
+  return PollUntil(
+      [&] {
+        DIR* d = opendir(dir.c_str());
+        if (!d) return false;
+        bool all = true;
+        while (dirent* e = readdir(d)) {
+          if (e->d_name[0] == '.') continue;
+          std::ifstream in(dir + "/" + e->d_name + "/stat");
+          std::string stat;
+          std::getline(in, stat);
+          const auto paren = stat.rfind(')');
+          all &= paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+        }
+        closedir(d);
+        return all;
+      },
+      timeout_ms);
 }
 
 bool Daemon::WaitForLog(const std::string& text, int timeout_ms) const {

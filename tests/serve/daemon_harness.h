@@ -22,6 +22,9 @@ class Daemon {
   // Sends sig; for SIGTERM/SIGKILL also reaps it. Returns the exit status (-1 if not reaped).
   int Signal(int sig);
   bool running() const { return pid_ > 0; }
+  // Polls /proc until every thread of the process is stopped (SIGSTOP is delivered
+  // asynchronously) or timeout_ms passes.
+  bool WaitStopped(int timeout_ms) const;
   pid_t pid() const { return pid_; }
   const std::string& socket() const { return socket_; }
   const std::string& config() const { return config_; }

@@ -12,12 +12,20 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include <gtest/gtest.h>
+
+#define MSGPACK_NO_BOOST 1
+#include <map>
+#include <msgpack.hpp>
+#include <set>
+#include <zmq.hpp>
 
 #include "daemon_harness.h"
 #include "kvtier/client.h"
 #include "serve/protocol.h"
+#include "serve/server.h"
 #include "serve/socket_io.h"
 #include "testing/test_util.h"
 
@@ -372,7 +380,16 @@ TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
   EXPECT_FALSE((*c)->connected());
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   ASSERT_TRUE((*c)->WaitConnected(5000).ok());
-  // The restarted daemon reopened the SSD tier: the blocks come back through the arena.
+  // The restarted daemon reopened the SSD tier: a prefetch stages the first 6 blocks into the
+  // arena, then the whole chain comes back through it.
+  auto staged = (*c)->Prefetch(Tokens(6 * SmallLayout().block_tokens, 9));
+  ASSERT_TRUE(staged.ok());
+  EXPECT_EQ(*staged, 6u);
+  auto lr = (*c)->Lookup(Tokens(12 * SmallLayout().block_tokens, 9));
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->blocks_by_tier[0], 6u);  // prefetched: now in the host arena
+  EXPECT_EQ(lr->blocks_by_tier[1], 6u);  // still on SSD: staged by Load
+  lr->pins.Release();
   EXPECT_EQ(LoadChain(**c, 9, 12), 12);
   auto st = StatusOf(d);
   ASSERT_TRUE(st.ok());
@@ -389,6 +406,7 @@ TEST_F(ServeTest, DaemonStoppedClientsTimeOutAndGoOn) {
   StoreChain(**c, 3, 4);
   ASSERT_EQ(LoadChain(**c, 3, 4), 4);
   kill(d.pid(), SIGSTOP);
+  ASSERT_TRUE(d.WaitStopped(5000));
   // Two seconds stopped: every call returns a miss within its deadline (the background
   // reconnects time out too, without holding calls up).
   const auto stopped = std::chrono::steady_clock::now();
@@ -526,6 +544,124 @@ TEST_F(ServeTest, SocketIsGroupOnly) {
   struct stat sb;
   ASSERT_EQ(stat(d.socket().c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0660u);
+}
+
+// What the log says after `prefix` up to the end of that token.
+std::string LogValue(const std::string& log, const std::string& prefix, const char* end) {
+  const auto at = log.find(prefix);
+  if (at == std::string::npos) return "";
+  const auto from = at + prefix.size();
+  return log.substr(from, log.find_first_of(end, from) - from);
+}
+
+TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
+  Daemon d(dir_.path(),
+           Config(8, "", "  metrics_addr: 127.0.0.1:0\n  events_addr: tcp://127.0.0.1:*\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE(d.WaitForLog("metrics on http://", 2000));
+  const std::string endpoint = LogValue(d.Log(), "KV events on ", " \n");
+  const std::string port = LogValue(d.Log(), "metrics on http://127.0.0.1:", "/");
+  ASSERT_FALSE(endpoint.empty()) << d.Log();
+  ASSERT_FALSE(port.empty()) << d.Log();
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv-events");
+  sub.set(zmq::sockopt::rcvtimeo, 50);
+  sub.connect(endpoint);
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  struct Ev {
+    uint64_t seq;
+    std::string type;
+    BlockKey key;
+  };
+  std::vector<Ev> got;
+  auto receive = [&] {
+    zmq::message_t topic, seq, body;
+    if (!sub.recv(topic)) return false;
+    EXPECT_TRUE(sub.recv(seq));
+    EXPECT_TRUE(sub.recv(body));
+    EXPECT_EQ(topic.to_string(), "kv-events");
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n = n << 8 | static_cast<uint8_t>(seq.data<char>()[i]);
+    msgpack::object_handle oh = msgpack::unpack(body.data<char>(), body.size());
+    const msgpack::object& batch = oh.get();
+    EXPECT_EQ(batch.type, msgpack::type::ARRAY);
+    const msgpack::object& ev = batch.via.array.ptr[1].via.array.ptr[0];
+    Ev e{n, ev.via.array.ptr[0].as<std::string>(), {}};
+    const msgpack::object& hash = ev.via.array.ptr[1].via.array.ptr[0];
+    EXPECT_EQ(hash.via.bin.size, 16u);
+    for (int i = 0; i < 8; ++i) {
+      e.key.hi = e.key.hi << 8 | static_cast<uint8_t>(hash.via.bin.ptr[i]);
+      e.key.lo = e.key.lo << 8 | static_cast<uint8_t>(hash.via.bin.ptr[8 + i]);
+    }
+    got.push_back(e);
+    return true;
+  };
+  // ZeroMQ drops what is published before the subscription lands: store probes until one
+  // arrives, then every later event must arrive.
+  uint32_t probe = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        StoreChain(**c, 5000 + probe++, 1);
+        return receive();
+      },
+      5000));
+  // 20 blocks through an 8-block arena (stores and evictions), then a flush (removals).
+  const uint32_t n = 20;
+  for (uint32_t from = 0; from < n; from += 4)  // 4 at a time: each store evicts older ones
+    EXPECT_EQ(StoreChain(**c, 77, from + 4, from).stored_blocks, 4u);
+  ASSERT_TRUE((*c)->Flush().ok());
+  std::vector<BlockKey> keys;
+  const BlockKey root = (*c)->Root();
+  HashPrefix(root, SmallLayout().block_tokens, Tokens(n * SmallLayout().block_tokens, 77), &keys);
+  std::map<BlockKey, std::string> state;  // internal key -> last event
+  auto all_removed = [&] {
+    for (const BlockKey& k : keys) {
+      auto it = state.find(serve::InternalKey(k, root));
+      if (it == state.end() || it->second != "BlockRemoved") return false;
+    }
+    return true;
+  };
+  size_t seen = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        while (receive()) {
+        }
+        for (; seen < got.size(); ++seen) {
+          if (seen > 0) {
+            EXPECT_EQ(got[seen].seq, got[seen - 1].seq + 1) << "a gap or reorder at " << seen;
+          }
+          // A block is stored before it is removed, and not stored twice while resident.
+          std::string& last = state[got[seen].key];
+          EXPECT_NE(last, got[seen].type) << got[seen].type << " twice for one block";
+          last = got[seen].type;
+        }
+        return all_removed();
+      },
+      5000));
+  // Every one of the 20 was stored (seen as stored before its removal).
+  EXPECT_GE(got.size(), 2 * n);
+
+  // /metrics with curl, parsed.
+  FILE* f = popen(("curl -s --max-time 5 http://127.0.0.1:" + port + "/metrics").c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t r; (r = fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, r);
+  ASSERT_EQ(pclose(f), 0);
+  std::map<std::string, double> metrics;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto sp = line.rfind(' ');
+    ASSERT_NE(sp, std::string::npos) << line;
+    metrics[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  EXPECT_GE(metrics["kvtier_stored_blocks_total"], n);
+  EXPECT_GT(metrics["kvtier_tier_evictions_total{tier=\"host\"}"], 0);
+  EXPECT_GE(metrics["kvtier_serve_clients"], 1);
+  EXPECT_EQ(metrics.count("kvtier_serve_leases"), 1u);
 }
 
 }  // namespace

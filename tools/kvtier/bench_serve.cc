@@ -39,7 +39,8 @@ double Pct(std::vector<double> v, double p) {
 struct ChildDaemon {
   pid_t pid = -1;
   std::string socket;
-  ChildDaemon(const CacheOptions& co, const std::string& path) : socket(path) {
+  ChildDaemon(const CacheOptions& co, const std::string& path, bool verify_commit = true)
+      : socket(path) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -49,7 +50,7 @@ struct ChildDaemon {
       serve::ServeOptions so;
       so.socket_path = path;
       so.lease_ms = 60000;
-      so.verify_commit = true;
+      so.verify_commit = verify_commit;
       auto s = serve::Server::Start(co, so);
       if (!s.ok()) {
         std::fprintf(stderr, "kvtier bench serve: daemon: %s\n", s.status().ToString().c_str());
@@ -114,6 +115,8 @@ struct Opts {
   int lookups = 10000;
   uint64_t rss_blocks = 1000000;
   std::string working_set = "128MiB";
+  std::string phases = "data,lookup,memory";
+  bool no_verify_commit = false;
 };
 
 int DataPlane(const Opts& o, nlohmann::json* out) {
@@ -122,7 +125,7 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
     const KvLayout l = *LayoutPreset("llama-3.1-8b", tokens);
     const size_t bb = l.bytes_per_block();
     const size_t n = std::max<size_t>(ws / bb, 4);
-    ChildDaemon d(HostOnly(l, n, true), TempSocket("dp"));
+    ChildDaemon d(HostOnly(l, n, true), TempSocket("dp"), !o.no_verify_commit);
     auto c = Connect(d, l);
     if (!c.ok()) {
       std::fprintf(stderr, "kvtier bench serve: %s\n", c.status().ToString().c_str());
@@ -180,6 +183,7 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
       for (auto [op, v] :
            {std::pair{"store", Pct(store, 0.5)}, std::pair{"load", Pct(load, 0.5)}}) {
         (*out)["data_plane"].push_back({{"op", op},
+                                        {"verify_commit", !o.no_verify_commit},
                                         {"block_bytes", bb},
                                         {"threads", threads},
                                         {"gbps", v},
@@ -316,28 +320,32 @@ int Memory(const Opts& o, nlohmann::json* out) {
 
 }  // namespace
 
-KVTIER_REGISTER_COMMAND(bench_serve, ({"bench", "serve"}),
-                        "Daemon data plane, lookup latency and memory beside same-run baselines",
-                        [](CLI::App* app) -> RunFn {
-                          auto o = std::make_shared<Opts>();
-                          app->add_flag("--json", o->json, "JSON on stdout");
-                          app->add_option("--reps", o->reps, "repetitions (median), default 5");
-                          app->add_option("--lookups", o->lookups,
-                                          "lookups per client count, default 10000");
-                          app->add_option("--rss-blocks", o->rss_blocks,
-                                          "resident blocks for the memory figure, default 1M");
-                          app->add_option("--working-set", o->working_set,
-                                          "bytes per data-plane repetition, default 128MiB");
-                          return [o] {
-                            nlohmann::json out;
-                            out["data_plane"] = nlohmann::json::array();
-                            out["lookup"] = nlohmann::json::array();
-                            int rc = DataPlane(*o, &out);
-                            if (rc == 0) rc = ControlPlane(*o, &out);
-                            if (rc == 0) rc = Memory(*o, &out);
-                            if (o->json) std::printf("%s\n", out.dump(2).c_str());
-                            return rc;
-                          };
-                        });
+KVTIER_REGISTER_COMMAND(
+    bench_serve, ({"bench", "serve"}),
+    "Daemon data plane, lookup latency and memory beside same-run baselines",
+    [](CLI::App* app) -> RunFn {
+      auto o = std::make_shared<Opts>();
+      app->add_flag("--json", o->json, "JSON on stdout");
+      app->add_option("--reps", o->reps, "repetitions (median), default 5");
+      app->add_option("--lookups", o->lookups, "lookups per client count, default 10000");
+      app->add_option("--rss-blocks", o->rss_blocks,
+                      "resident blocks for the memory figure, default 1M");
+      app->add_option("--working-set", o->working_set,
+                      "bytes per data-plane repetition, default 128MiB");
+      app->add_flag("--no-verify-commit", o->no_verify_commit,
+                    "daemon with serve.verify_commit off (store rows)");
+      app->add_option("--phases", o->phases, "which of data,lookup,memory to run (default all)");
+      return [o] {
+        nlohmann::json out;
+        out["data_plane"] = nlohmann::json::array();
+        out["lookup"] = nlohmann::json::array();
+        auto on = [&](const char* p) { return o->phases.find(p) != std::string::npos; };
+        int rc = on("data") ? DataPlane(*o, &out) : 0;
+        if (rc == 0 && on("lookup")) rc = ControlPlane(*o, &out);
+        if (rc == 0 && on("memory")) rc = Memory(*o, &out);
+        if (o->json) std::printf("%s\n", out.dump(2).c_str());
+        return rc;
+      };
+    });
 
 }  // namespace kvtier::cli

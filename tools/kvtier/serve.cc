@@ -1,8 +1,11 @@
 // kvtier serve: the node daemon (doc/serve.md); kvtier status / flush: its operator commands.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
@@ -11,9 +14,17 @@
 #include "kvtier/client.h"
 #include "serve/serve_options.h"
 #include "serve/server.h"
+#include "serve_export.h"
 
 namespace kvtier::cli {
 namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+}
 
 Result<serve::ServeConfig> ReadConfig(const std::string& path) {
   if (path.empty()) {
@@ -33,22 +44,70 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
   }
   if (!socket.empty()) cfg->serve.socket_path = socket;
   if (!metrics.empty()) cfg->serve.metrics_addr = metrics;
-  // Signals are taken by this thread alone (sigwait), so every server thread blocks them.
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set, s);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // Signals reach this thread through a pipe: whichever thread the kernel picks (libraries
+  // such as the CUDA runtime start threads of their own) only writes the signal number.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    spdlog::error("kvtier serve: pipe: {}", std::strerror(errno));
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &sa, nullptr);
+  std::unique_ptr<EventPublisher> events;
+  if (!cfg->serve.events_addr.empty()) {
+    std::vector<std::string> names;
+    for (const TierSpec& t : cfg->cache.tiers) names.push_back(t.name.empty() ? t.kind : t.name);
+    auto p = EventPublisher::Start(cfg->serve.events_addr, cfg->cache.layout.block_tokens, names);
+    if (!p.ok()) {
+      spdlog::error("kvtier serve: serve.events_addr: {}", p.status().message());
+      return 1;
+    }
+    events = std::move(p).value();
+    EventPublisher* raw = events.get();
+    cfg->cache.on_event = [raw](const KvEvent& e) { raw->Publish(e); };
+    spdlog::info("kvtier serve: KV events on {}", events->endpoint());
+  }
   auto server = serve::Server::Start(cfg->cache, cfg->serve);
   if (!server.ok()) {
     spdlog::error("kvtier serve: {}", server.status().message());
     return 1;
   }
+  std::unique_ptr<MetricsServer> http;
+  if (!cfg->serve.metrics_addr.empty()) {
+    std::string addr = cfg->serve.metrics_addr;
+    if (addr.find(':') == std::string::npos) addr = "127.0.0.1:" + addr;  // a port alone
+    if (addr[0] == ':') addr = "127.0.0.1" + addr;
+    serve::Server* srv = server->get();
+    auto m = MetricsServer::Start(addr, [srv] {
+      const serve::ServeCounters c = srv->counters();
+      std::string t = srv->cache().PrometheusText();
+      t += "# TYPE kvtier_serve_clients gauge\nkvtier_serve_clients " + std::to_string(c.clients);
+      t += "\n# TYPE kvtier_serve_leases gauge\nkvtier_serve_leases " + std::to_string(c.leases);
+      t += "\n# TYPE kvtier_serve_reservations gauge\nkvtier_serve_reservations " +
+           std::to_string(c.reservations);
+      t += "\n# TYPE kvtier_serve_refused_total counter\nkvtier_serve_refused_total " +
+           std::to_string(c.refused);
+      t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
+           "kvtier_serve_protocol_errors_total " +
+           std::to_string(c.disconnects) + "\n";
+      return t;
+    });
+    if (!m.ok()) {
+      spdlog::error("kvtier serve: serve.metrics_addr: {}", m.status().message());
+      return 1;
+    }
+    http = std::move(m).value();
+    spdlog::info("kvtier serve: metrics on http://{}:{}/metrics", addr.substr(0, addr.rfind(':')),
+                 http->port());
+  }
   spdlog::info("kvtier serve: pid {} serving {} on {} (protocol {}, lease {} ms)", getpid(),
                cfg->cache.layout.ToString(), (*server)->socket_path(), serve::kProtocolVersion,
                cfg->serve.lease_ms);
   for (;;) {
-    int sig = 0;
-    if (sigwait(&set, &sig) != 0) continue;
+    unsigned char byte = 0;
+    if (read(g_signal_pipe[0], &byte, 1) != 1) continue;  // EINTR
+    const int sig = byte;
     if (sig == SIGHUP) {
       if (config.empty()) {
         spdlog::info("kvtier serve: SIGHUP: no --config to reload");
@@ -67,8 +126,10 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
       continue;
     }
     spdlog::info("kvtier serve: {}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    http.reset();
     (*server)->Stop();
     server->reset();
+    events.reset();  // after the server: its last events are sent first
     spdlog::info("kvtier serve: stopped");
     return 0;
   }
