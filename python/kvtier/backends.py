@@ -5,8 +5,8 @@
 - backend "inprocess": a Cache opened in this process from the config's tiers. Every caller in
   the process that passes an equal config and layout gets the same Cache (a module-level
   registry), so the two halves of a vLLM connector that live in one EngineCore process share it.
-- backend "daemon": the node's `kvtier serve` through the C++ Client. Not built yet: plug it in
-  at _open_daemon, the one place that knows about it.
+- backend "daemon": the node's `kvtier serve` through the C++ Client (every process of the
+  engine talks to the same daemon; a dead daemon is a miss within timeout_ms, never a hang).
 
 Config keys (a dict, e.g. vLLM's kv_connector_extra_config) are listed in doc/python.md.
 Thread-safety: shared_cache may be called from any thread.
@@ -57,15 +57,17 @@ def _open_inprocess(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.K
 
 
 def _open_daemon(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
-    # The lead plugs the daemon Client in here once `kvtier serve` and kvtier::Client land:
-    # bind Client as a subclass of KvCache (python/src/module.cc) and return
-    # kvtier.Client.connect(config.get("socket", ...), layout, model_id=..., ...).
-    client = getattr(kvtier, "Client", None)
-    if client is None:
-        raise kvtier.Unavailable(
-            "kvtier backend 'daemon': this build has no daemon client (kvtier serve is not "
-            "available yet); use backend 'inprocess'")
-    return client.connect(config, layout)  # pragma: no cover - shape decided with the Client
+    # A daemon that is not running is no error: the client starts disconnected, every call is a
+    # miss within timeout_ms, and it reconnects in the background.
+    return kvtier.Client.connect(
+        layout,
+        socket=str(config.get("socket", "")),
+        model_id=str(config.get("model_id", "default")),
+        model_revision=str(config.get("model_revision", "")),
+        tenant=str(config.get("tenant", "")),
+        lora_id=str(config.get("lora_id", "")),
+        token=str(config.get("token", "")),
+        timeout_ms=int(config.get("timeout_ms", 1000)))
 
 
 def open_cache(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:

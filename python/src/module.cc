@@ -26,6 +26,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/cache.h"
+#include "kvtier/client.h"
 #include "kvtier/config.h"
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
@@ -516,4 +517,69 @@ NB_MODULE(_kvtier, m) {
           "options"_a)
       .def_prop_ro("num_tiers", &Cache::num_tiers)
       .def("prometheus_text", &Cache::PrometheusText);
+
+  m.def("default_socket_path", &DefaultSocketPath,
+        "$XDG_RUNTIME_DIR/kvtier/kvtier.sock, else /run/kvtier/kvtier.sock.");
+
+  nb::class_<Client, KvCache>(
+      m, "Client",
+      "A KvCache served by the node's `kvtier serve` daemon: the same calls as Cache. Every call "
+      "has a deadline; a dead daemon is a miss, and the client reconnects in the background.")
+      .def_static(
+          "connect",
+          [](const KvLayout& layout, const std::string& socket, const std::string& model_id,
+             const std::string& model_revision, const std::string& tenant,
+             const std::string& lora_id, const std::string& token, uint32_t timeout_ms) {
+            ClientOptions o;
+            o.socket_path = socket;
+            o.layout = layout;
+            o.model_id = model_id;
+            o.model_revision = model_revision;
+            o.tenant = tenant;
+            o.lora_id = lora_id;
+            o.token = token;
+            o.timeout_ms = timeout_ms;
+            Result<std::unique_ptr<Client>> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = Client::Open(std::move(o));
+            }
+            return Take(std::move(r));
+          },
+          "layout"_a, "socket"_a = "", "model_id"_a = "default", "model_revision"_a = "",
+          "tenant"_a = "", "lora_id"_a = "", "token"_a = "", "timeout_ms"_a = 1000)
+      .def_prop_ro("connected", &Client::connected)
+      .def(
+          "wait_connected",
+          [](const Client& c, uint32_t timeout_ms) {
+            Status s;
+            {
+              nb::gil_scoped_release release;
+              s = c.WaitConnected(timeout_ms);
+            }
+            return s.ok();
+          },
+          "timeout_ms"_a)
+      .def("client_stats",
+           [](const Client& c) {
+             ClientStats s = c.client_stats();
+             nb::dict d;
+             d["connected"] = s.connected;
+             d["connects"] = s.connects;
+             d["disconnects"] = s.disconnects;
+             d["timeouts"] = s.timeouts;
+             d["missed_lookups"] = s.missed_lookups;
+             d["dropped_stores"] = s.dropped_stores;
+             d["dropped_blocks"] = s.dropped_blocks;
+             d["expired_loads"] = s.expired_loads;
+             return d;
+           })
+      .def("flush", [](Client& c) {
+        Result<uint64_t> r = Status::Internal("unset");
+        {
+          nb::gil_scoped_release release;
+          r = c.Flush();
+        }
+        return Take(std::move(r));
+      });
 }

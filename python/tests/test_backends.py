@@ -35,11 +35,18 @@ def test_inprocess_caches_are_shared_per_config(tmp_path):
         assert hit.hit_blocks == 0  # another revision of the model never shares a block
 
 
-def test_daemon_backend_is_unavailable_until_kvtier_serve_lands():
-    if hasattr(kvtier, "Client"):
-        pytest.skip("this build has the daemon client")
-    with pytest.raises(kvtier.Unavailable, match="kvtier serve"):
-        backends.open_cache({"backend": "daemon"}, LAYOUT)
+def test_daemon_backend_without_a_daemon_is_a_miss_within_the_deadline(tmp_path):
+    import time
+
+    cache = backends.open_cache({"backend": "daemon", "socket": str(tmp_path / "none.sock"),
+                                 "timeout_ms": 200}, LAYOUT)
+    assert isinstance(cache, kvtier.Client)
+    assert not cache.connected
+    t0 = time.monotonic()
+    with cache.lookup(list(range(4 * LAYOUT.block_tokens))) as hit:
+        assert hit.hit_blocks == 0
+    assert time.monotonic() - t0 < 5.0
+    assert cache.client_stats()["missed_lookups"] >= 1
 
 
 def test_bad_configs_name_the_key():

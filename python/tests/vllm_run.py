@@ -72,7 +72,8 @@ def run(spec: dict) -> dict:
     kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
               block_size=BLOCK_SIZE, max_model_len=4096, max_num_seqs=8,
               enable_prefix_caching=spec["prefix_caching"], disable_log_stats=False, seed=0,
-              disable_hybrid_kv_cache_manager=True, distributed_executor_backend="uni")
+              disable_hybrid_kv_cache_manager=True,
+              distributed_executor_backend=spec.get("executor", "uni"))
     if "async_scheduling" in spec:
         kw["async_scheduling"] = spec["async_scheduling"]
     if spec.get("kvtier") is not None:

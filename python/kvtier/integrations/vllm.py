@@ -308,6 +308,8 @@ class KvtierConnector(KVConnectorBase_V1):
         try:
             self._cache = backends.shared_cache(self._config, self._layout)
             self._saver = _saver_for(self._cache)
+            if isinstance(self._cache, kvtier.Client):
+                self._check_daemon(int(extra.get("connect_wait_ms", 1000)))
         except kvtier.KvtierError as e:
             # Both halves fail alike: one line per process and config, not one per half.
             key = json.dumps(self._config, sort_keys=True, default=str)
@@ -348,6 +350,20 @@ class KvtierConnector(KVConnectorBase_V1):
         return kvtier.KvLayout(num_layers=len(groups[0].layer_names),
                                num_kv_heads=spec.num_kv_heads, head_dim=spec.head_size,
                                dtype=dtype, block_tokens=self._kb)
+
+    def _check_daemon(self, wait_ms: int) -> None:
+        # A daemon that is down is no error (the client misses and reconnects in the
+        # background), but the operator must hear of it: once per process and socket.
+        if self._cache.wait_connected(wait_ms):
+            return
+        key = "daemon:" + str(self._config.get("socket", ""))
+        with _savers_lock:
+            first = key not in _open_failures
+            _open_failures.add(key)
+        if first:
+            logger.warning("kvtier: the daemon at %s is not reachable; every request is served "
+                           "by recomputing until it is (reconnecting in the background)",
+                           self._config.get("socket") or kvtier.default_socket_path())
 
     def _warn_once(self, what: str, message: str) -> None:
         self._counters.add(errors=1)
