@@ -10,15 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include "testing/test_util.h"
+
 namespace kvtier {
 namespace {
-
-std::vector<std::byte> Random(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
 
 // Sizes around every path (small, the streaming threshold, odd tails) at odd alignments, with
 // guard bytes on both sides that must stay untouched.
@@ -26,7 +21,7 @@ TEST(CopyBlockTest, EveryByteAndNothingBeyond) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{64}, size_t{4095}, size_t{65536},
                    size_t{65537}, size_t{256} << 10, (size_t{1} << 20) + 13}) {
     for (size_t misalign : {size_t{0}, size_t{1}, size_t{7}, size_t{33}}) {
-      auto src = Random(n + 64, static_cast<uint32_t>(n + misalign));
+      auto src = testing::MakeBlock(n + 64, static_cast<uint32_t>(n + misalign));
       std::vector<std::byte> dst(n + 128, std::byte{0xAB});
       CopyBlock(dst.data() + 32 + misalign, src.data() + misalign, n);
       ASSERT_EQ(std::memcmp(dst.data() + 32 + misalign, src.data() + misalign, n), 0)
@@ -49,7 +44,7 @@ TEST(CopyPoolTest, SplitsABatchAcrossThreadsByBytes) {
     std::vector<CopyJob> jobs;
     for (int j = 0; j < 37; ++j) {
       const size_t n = 1 + rng() % (300 << 10);
-      srcs.push_back(Random(n, rng()));
+      srcs.push_back(testing::MakeBlock(n, rng()));
       dsts.emplace_back(n);
     }
     for (size_t j = 0; j < srcs.size(); ++j)
@@ -85,7 +80,7 @@ TEST(CopyPoolTest, ConcurrentRunsAreSerialisedAndAllComplete) {
   for (int c = 0; c < 4; ++c)
     callers.emplace_back([&, c] {
       for (int r = 0; r < 20; ++r) {
-        auto src = Random(2 << 20, c * 100 + r);
+        auto src = testing::MakeBlock(2 << 20, c * 100 + r);
         std::vector<std::byte> dst(src.size());
         CopyJob job{dst.data(), src.data(), src.size()};
         pool.Run({&job, 1});

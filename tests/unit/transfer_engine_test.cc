@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "testing/test_util.h"
+
 namespace kvtier {
 namespace {
 
@@ -26,13 +28,6 @@ std::unique_ptr<TransferEngine> Engine(int threads, size_t queue_bytes = size_t{
   return std::move(e).value();
 }
 
-std::vector<std::byte> Pattern(size_t n, uint32_t seed) {
-  std::vector<std::byte> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<std::byte>(rng());
-  return v;
-}
-
 TEST(TransferEngineTest, OptionsAreValidated) {
   TransferOptions o;
   o.threads = 0;
@@ -45,7 +40,7 @@ TEST(TransferEngineTest, OptionsAreValidated) {
 TEST(TransferEngineTest, CopiesEveryByteAndCoalescesNeighbours) {
   auto engine = Engine(2);
   const size_t n = 64, piece = 4096;
-  auto src = Pattern(n * piece, 1);
+  auto src = testing::MakeBlock(n * piece, 1);
   std::vector<std::byte> dst(n * piece);
   std::vector<CopySegment> segs;
   // Pieces in order and contiguous on both sides: one copy. A gap on one side breaks the run.
@@ -70,7 +65,7 @@ TEST(TransferEngineTest, CopiesEveryByteAndCoalescesNeighbours) {
 
 TEST(TransferEngineTest, LongSegmentsAreSplitIntoChunks) {
   auto engine = Engine(2, size_t{256} << 20, 64 << 10);
-  auto src = Pattern(1 << 20, 2);
+  auto src = testing::MakeBlock(1 << 20, 2);
   std::vector<std::byte> dst(src.size());
   CopySegment s{src.data(), dst.data(), src.size(), 0};
   auto h = engine->Prepare({&s, 1}, 1);
@@ -118,7 +113,7 @@ TEST(TransferEngineTest, LayersCompleteInOrderWithOneWorker) {
                   .dtype = DType::kFp16,
                   .block_tokens = 16};
   const size_t bb = layout.bytes_per_block(), blocks = 32;
-  auto src = Pattern(bb * blocks, 3);
+  auto src = testing::MakeBlock(bb * blocks, 3);
   std::vector<std::byte> dst(src.size());
   std::vector<std::span<const std::byte>> s;
   std::vector<std::span<std::byte>> d;
@@ -227,7 +222,7 @@ TEST(TransferEngineTest, FullQueueAppliesBackpressure) {
   const size_t big = size_t{256} << 20;
   std::unique_ptr<std::byte[]> src(new std::byte[big]);
   std::unique_ptr<std::byte[]> dst(new std::byte[big]);
-  std::vector<std::byte> small_src = Pattern(1 << 20, 4), small_dst(1 << 20);
+  std::vector<std::byte> small_src = testing::MakeBlock(1 << 20, 4), small_dst(1 << 20);
   CopySegment s{src.get(), dst.get(), big, 0};
   auto first = engine->Prepare({&s, 1}, 1);
   ASSERT_TRUE(first.ok());
@@ -253,7 +248,7 @@ TEST(TransferEngineTest, StressPostWaitCancelFromManyThreads) {
     std::mt19937 rng(seed);
     for (int i = 0; i < 60; ++i) {
       const size_t n = 4096 * (1 + rng() % 64);
-      auto src = Pattern(n, rng());
+      auto src = testing::MakeBlock(n, rng());
       std::vector<std::byte> dst(n);
       const uint32_t layers = 1 + rng() % 4;
       std::vector<CopySegment> segs;
