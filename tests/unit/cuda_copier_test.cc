@@ -12,8 +12,6 @@
 namespace kvtier {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{30000};
-
 TEST(CudaCopierTest, SaysWhyWhenThereIsNoGpu) {
   Status avail = CudaAvailable();
   if (avail.ok()) GTEST_SKIP() << "a GPU is present; this checks the no-GPU path";
@@ -27,6 +25,7 @@ TEST(CudaCopierTest, LayerwiseRoundTripThroughTheDevice) {
   Status avail = CudaAvailable();
   if (!avail.ok()) GTEST_SKIP() << "needs a CUDA GPU: " << avail.message();
 #ifdef KVTIER_HAVE_CUDA
+  constexpr std::chrono::milliseconds kTimeout{30000};
   auto copier = CudaCopier::Open();
   ASSERT_TRUE(copier.ok()) << copier.status().ToString();
   const uint32_t layers = 8;
