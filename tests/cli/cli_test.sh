@@ -100,13 +100,18 @@ expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
 
 expect_error "disk verify of a missing directory names it" "$work/nope" -- \
   "$kvtier" disk verify "$work/nope"
-# Out of memory under a limit: a message and exit 1, not an abort (exit 134).
-( ulimit -v 1000000 && "$kvtier" replay --cache-only --synthetic 100000000000 \
-    >"$work/out" 2>"$work/err" ); rc=$?
-if [ "$rc" -ne 1 ] || ! grep -q "out of memory" "$work/err"; then
-  fail "out of memory is reported: exit $rc, $(tail -c 300 "$work/err")"
+# Out of memory under a limit: a message and exit 1, not an abort (exit 134). A sanitizer's
+# shadow memory alone is larger than any such limit, so a sanitized build skips this.
+if [ -n "${KVTIER_SANITIZE:-}" ]; then
+  echo "skip: out of memory under ulimit -v (a $KVTIER_SANITIZE build reserves more address space than the limit)"
 else
-  echo "ok: out of memory is reported"
+  ( ulimit -v 1000000 && "$kvtier" replay --cache-only --synthetic 100000000000 \
+      >"$work/out" 2>"$work/err" ); rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -q "out of memory" "$work/err"; then
+    fail "out of memory is reported: exit $rc, $(tail -c 300 "$work/err")"
+  else
+    echo "ok: out of memory is reported"
+  fi
 fi
 
 # An unwritable --json is refused before the run, not after it (the demo takes seconds).
