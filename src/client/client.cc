@@ -360,12 +360,7 @@ Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
   Status s = impl_->Call(
       serve::MsgType::kLookup,
       [&](Writer* w) {
-        w->Str(request.tenant);
-        w->Str(request.lora_id);
-        w->U64(request.session_id);
-        w->U8(0);
-        w->U32(static_cast<uint32_t>(keys.size()));
-        w->Raw(keys.data(), keys.size() * sizeof(BlockKey));
+        serve::EncodeKeyLookup(request.tenant, request.lora_id, request.session_id, keys, w);
       },
       &reply, &gen, &arena);
   serve::LookupReply lr;
@@ -566,12 +561,7 @@ Result<uint32_t> Client::Prefetch(std::span<const TokenId> tokens, const Request
   Status s = impl_->Call(
       serve::MsgType::kPrefetch,
       [&](Writer* w) {
-        w->Str(request.tenant);
-        w->Str(request.lora_id);
-        w->U64(request.session_id);
-        w->U8(0);
-        w->U32(static_cast<uint32_t>(keys.size()));
-        w->Raw(keys.data(), keys.size() * sizeof(BlockKey));
+        serve::EncodeKeyLookup(request.tenant, request.lora_id, request.session_id, keys, w);
       },
       &reply);
   uint32_t staged = 0;

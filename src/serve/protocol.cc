@@ -219,16 +219,22 @@ Status DecodeHelloReply(Reader* r, HelloReply* m) {
   return r->Done("hello reply");
 }
 
+void EncodeKeyLookup(std::string_view tenant, std::string_view lora_id, uint64_t session_id,
+                     std::span<const BlockKey> keys, Writer* w) {
+  w->Str(tenant);
+  w->Str(lora_id);
+  w->U64(session_id);
+  w->U8(0);
+  EncodeKeys(keys, w);
+}
+
 void EncodeLookup(const LookupReq& m, Writer* w) {
+  if (!m.tokens) return EncodeKeyLookup(m.scope.tenant, m.scope.lora_id, m.session_id, m.keys, w);
   EncodeScope(m.scope, w);
   w->U64(m.session_id);
-  w->U8(m.tokens ? 1 : 0);
-  if (m.tokens) {
-    w->U32(static_cast<uint32_t>(m.token_ids.size()));
-    w->Raw(m.token_ids.data(), m.token_ids.size() * 4);
-  } else {
-    EncodeKeys(m.keys, w);
-  }
+  w->U8(1);
+  w->U32(static_cast<uint32_t>(m.token_ids.size()));
+  w->Raw(m.token_ids.data(), m.token_ids.size() * 4);
 }
 
 Status DecodeLookup(std::span<const std::byte> in, LookupReq* m) {

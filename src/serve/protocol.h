@@ -203,6 +203,9 @@ Status DecodeHello(std::span<const std::byte> in, Hello* m);
 void EncodeHelloReply(const HelloReply& m, Writer* w);
 Status DecodeHelloReply(Reader* r, HelloReply* m);
 void EncodeLookup(const LookupReq& m, Writer* w);
+// EncodeLookup of a key chain (lookup and prefetch), without copying the chain into a LookupReq.
+void EncodeKeyLookup(std::string_view tenant, std::string_view lora_id, uint64_t session_id,
+                     std::span<const BlockKey> keys, Writer* w);
 Status DecodeLookup(std::span<const std::byte> in, LookupReq* m);
 void EncodeLookupReply(const LookupReply& m, Writer* w);
 Status DecodeLookupReply(Reader* r, LookupReply* m);

@@ -93,6 +93,7 @@ class Server::Impl {
 
   // Handlers: write the reply body into *w; a non-OK status becomes an error reply.
   Status OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd);
+  Result<LookupResult> LookupRequest(const Conn& c, std::span<const std::byte> in);
   Status OnLookup(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnReserve(Conn* c, std::span<const std::byte> in, Writer* w);
@@ -339,10 +340,11 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
   return Status::Ok();
 }
 
-Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w) {
+// A lookup or prefetch request: its chain keyed under the connection's root, looked up (pinned).
+Result<LookupResult> Server::Impl::LookupRequest(const Conn& c, std::span<const std::byte> in) {
   LookupReq m;
   KVTIER_RETURN_IF_ERROR(DecodeLookup(in, &m));
-  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(c, m.scope));
   std::vector<BlockKey> keys;
   if (m.tokens)
     HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
@@ -351,9 +353,13 @@ Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w)
   for (BlockKey& k : keys) k = InternalKey(k, root);
   RequestOptions ro;
   ro.session_id = m.session_id;
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, cache_->LookupKeys(keys, ro));
+  return cache_->LookupKeys(keys, ro);
+}
+
+Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
   LookupReply r;
-  r.total_blocks = static_cast<uint32_t>(keys.size());
+  r.total_blocks = static_cast<uint32_t>(lr.keys.size());
   r.source.assign(lr.source.begin(), lr.source.end());
   r.offsets.resize(lr.hit_blocks);
   host_->Offsets(std::span<const BlockKey>(lr.keys).first(lr.hit_blocks), r.offsets);
@@ -399,18 +405,7 @@ void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t>
 }
 
 Status Server::Impl::OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w) {
-  LookupReq m;
-  KVTIER_RETURN_IF_ERROR(DecodeLookup(in, &m));
-  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
-  std::vector<BlockKey> keys;
-  if (m.tokens)
-    HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
-  else
-    keys = std::move(m.keys);
-  for (BlockKey& k : keys) k = InternalKey(k, root);
-  RequestOptions ro;
-  ro.session_id = m.session_id;
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, cache_->LookupKeys(keys, ro));
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
   std::vector<uint64_t> offsets(lr.hit_blocks);
   Stage(lr, lr.hit_blocks, offsets);
   uint32_t staged = 0;
