@@ -182,6 +182,9 @@ Status Server::Impl::Bind() {
 }
 
 void Server::Impl::Run() {
+  // spdlog builds its registry on first use; build it here, before any connection thread, so
+  // that the first log lines of two connections do not race to construct it.
+  spdlog::default_logger_raw();
   acceptor_ = std::thread([this] {
     for (;;) {
       pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
