@@ -1,6 +1,6 @@
 #include "engine/blas_setup.h"
 
-#include <cblas.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -9,20 +9,21 @@
 #include <iterator>
 #include <vector>
 
-extern "C" char* openblas_get_corename(void);
+#include "engine/blas.h"
 
 namespace kvtier::engine {
 
-std::string BlasCoreName() {
-  const char* name = openblas_get_corename();
-  return name ? name : "unknown";
-}
+std::string BlasCoreName() { return blas::CoreName(); }
 
 void ReexecWithFasterBlasIfNeeded() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
   if (const char* no = std::getenv("KVTIER_NO_BLAS_REEXEC"); no != nullptr && *no && *no != '0') {
     return;
   }
+  // Under an address-space limit the engine checks what it needs before OpenBLAS loads (its
+  // thread buffers are counted); asking for the kernel name here would load it first.
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) return;
   const std::string core = BlasCoreName();
   static const char* kOld[] = {"Prescott", "Core2",  "Penryn", "Dunnington", "Nehalem",
                                "Atom",     "Katmai", "Banias", "Northwood",  "Coppermine"};

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "engine/blas.h"
 #include "engine/gguf.h"
 
 namespace kvtier::engine {
@@ -118,6 +119,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   KVTIER_ASSIGN_OR_RETURN(Model model, Model::Create(config, std::move(weights)));
   KVTIER_ASSIGN_OR_RETURN(auto pool,
                           KvPool::Create(config.Layout(options.block_tokens), options.pool_blocks));
+  KVTIER_RETURN_IF_ERROR(blas::LoadBlas());  // after the address-space check: it maps buffers
   SetBlasThreads(options.threads);
   return std::unique_ptr<Engine>(
       new Engine(options, std::move(model), std::move(pool), std::move(revision)));

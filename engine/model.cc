@@ -1,6 +1,5 @@
 #include "engine/model.h"
 
-#include <cblas.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -12,15 +11,17 @@
 #include <string>
 #include <utility>
 
+#include "engine/blas.h"
+
 namespace kvtier::engine {
 namespace {
 
 // y[n][out] = x[n][in] * W[out][in]^T
 void Linear(const float* x, uint32_t n, uint32_t in, const std::vector<float>& w, uint32_t out,
             float* y, uint32_t ldy) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
-              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w.data(), static_cast<int>(in),
-              0.0f, y, static_cast<int>(ldy));
+  blas::Sgemm(/*trans_b=*/true, static_cast<int>(n), static_cast<int>(out), static_cast<int>(in),
+              1.0f, x, static_cast<int>(in), w.data(), static_cast<int>(in), 0.0f, y,
+              static_cast<int>(ldy));
 }
 
 void RmsNorm(const float* x, uint32_t n, uint32_t d, const std::vector<float>& w, float eps,
@@ -82,8 +83,8 @@ float SoftmaxRowUnnormalized(float* row, uint32_t valid, uint32_t ctx) {
 
 }  // namespace
 
-void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
-int BlasThreads() { return openblas_get_num_threads(); }
+void SetBlasThreads(int threads) { blas::SetThreads(std::max(1, threads)); }
+int BlasThreads() { return blas::Threads(); }
 
 Model::Model(ModelConfig config, std::shared_ptr<const Weights> weights)
     : config_(std::move(config)), weights_(std::move(weights)) {
@@ -201,8 +202,8 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
   if (logits != nullptr) {
     RmsNorm(&x_[size_t{n - 1} * d], 1, d, weights_->final_norm, c.norm_eps, h_.data());
     logits->resize(c.vocab_size);
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(c.vocab_size), static_cast<int>(d),
-                1.0f, weights_->output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
+    blas::Sgemv(static_cast<int>(c.vocab_size), static_cast<int>(d), 1.0f,
+                weights_->output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
                 logits->data(), 1);
   }
   return Status::Ok();
@@ -244,16 +245,15 @@ void Model::Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const 
         std::memcpy(&vc_[(size_t{j} * bt + t) * hd], vb + size_t{t} * kvdim, hd * sizeof(float));
       }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(ctx),
-                static_cast<int>(hd), scale, qg_.data(), static_cast<int>(hd), kc_.data(),
-                static_cast<int>(hd), 0.0f, scores_.data(), static_cast<int>(ctx));
+    blas::Sgemm(/*trans_b=*/true, static_cast<int>(m), static_cast<int>(ctx), static_cast<int>(hd),
+                scale, qg_.data(), static_cast<int>(hd), kc_.data(), static_cast<int>(hd), 0.0f,
+                scores_.data(), static_cast<int>(ctx));
     for (uint32_t r = 0; r < m; ++r) {  // causal: row r (position pos + r % n) sees [0, p]
       inv_sum_[r] = SoftmaxRowUnnormalized(&scores_[size_t{r} * ctx], pos + (r % n) + 1, ctx);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(hd), static_cast<int>(ctx), 1.0f, scores_.data(),
-                static_cast<int>(ctx), vc_.data(), static_cast<int>(hd), 0.0f, outg_.data(),
-                static_cast<int>(hd));
+    blas::Sgemm(/*trans_b=*/false, static_cast<int>(m), static_cast<int>(hd), static_cast<int>(ctx),
+                1.0f, scores_.data(), static_cast<int>(ctx), vc_.data(), static_cast<int>(hd), 0.0f,
+                outg_.data(), static_cast<int>(hd));
     for (uint32_t gi = 0; gi < group; ++gi) {
       for (uint32_t t = 0; t < n; ++t) {
         const float inv = inv_sum_[size_t{gi} * n + t];

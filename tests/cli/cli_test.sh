@@ -112,6 +112,14 @@ else
   else
     echo "ok: out of memory is reported"
   fi
+  # A command that does not compute does not load OpenBLAS, whose start-up spun for ever under
+  # a limit of about 150 MB; the timeout turns a hang into a failure.
+  ( ulimit -v 150000 && timeout 20 "$kvtier" version >"$work/out" 2>"$work/err" ); rc=$?
+  if [ "$rc" -ne 0 ] || ! grep -q "kvtier" "$work/out"; then
+    fail "version under ulimit -v 150000: exit $rc, $(tail -c 300 "$work/err")"
+  else
+    echo "ok: version under ulimit -v 150000"
+  fi
 fi
 
 # An unwritable --json is refused before the run, not after it (the demo takes seconds).
