@@ -97,6 +97,9 @@ expect_error "unknown command is named" "unknown command 'no-such-command'" -- \
 expect_error "bad --working-set is named" "working-set" -- \
   "$kvtier" bench host --working-set lots
 expect_error "bench disk without --dir" "dir" -- "$kvtier" bench disk
+# 10^8 live trees took 18 GB before the first request: refused at once, naming the option.
+expect_error "replay refuses a --concurrency it cannot use" "--concurrency" -- \
+  timeout 20 "$kvtier" replay --synthetic 100 --concurrency 100000000
 
 expect_error "disk verify of a missing directory names it" "$work/nope" -- \
   "$kvtier" disk verify "$work/nope"

@@ -132,11 +132,16 @@ struct TimedArgs {
 // of warm-up, a 30-minute measuring window, think time capped at 5 minutes.
 constexpr double kAgentxWarmupS = 300, kAgentxWindowS = 1800, kAgentxMaxIdleS = 300;
 
+constexpr uint32_t kMaxConcurrency = 1u << 20;
+
 inline void AddTimedOptions(CLI::App* app, TimedArgs* a) {
   app->add_option("--gpu", a->gpu, "GPU profile (sim/profiles/gpus) or a .json path");
   app->add_option("--model", a->model, "Model profile (sim/profiles/models) or a .json path");
   app->add_option("--profiles", a->profiles_dir, "Extra folder with gpus/ and models/ profiles");
-  app->add_option("--concurrency", a->concurrency, "Live session trees at once");
+  // Each live tree holds its turn state; beyond about a million nothing simulates faster, and
+  // 10^8 took 18 GB before the first request.
+  app->add_option("--concurrency", a->concurrency, "Live session trees at once (1..1048576)")
+      ->check(CLI::Range(1u, kMaxConcurrency));
   app->add_option("--replicas", a->replicas, "Engine replicas (they share the remote tier)");
   app->add_option("--tp", a->tp, "GPUs per replica (0 = fewest that hold the weights)");
   app->add_option("--requests", a->max_requests, "Stop after this many requests (0 = one pass)");

@@ -124,7 +124,9 @@ KVTIER_REGISTER_COMMAND(
       app->add_option("--pool", a->pools,
                       "Host pool sizes as multiples of the HBM KV capacity (0 = no host tier)")
           ->delimiter(',');
-      app->add_option("--concurrency-sweep", a->concurrency, "Concurrency values")->delimiter(',');
+      app->add_option("--concurrency-sweep", a->concurrency, "Concurrency values")
+          ->delimiter(',')
+          ->check(CLI::Range(1u, kvtier::cli::kMaxConcurrency));
       app->add_option("--policy", a->policies, "Policies (comma-separated)")->delimiter(',');
       app->add_option("--replicas-sweep", a->replicas, "Replica counts")->delimiter(',');
       app->add_flag("--remote-sweep", a->remote_sweep,
