@@ -4,9 +4,9 @@
 
 #include <random>
 
+#include "index/block_index.h"
 #include "kvtier/block_key.h"
 #include "kvtier/cache.h"
-#include "kvtier/index.h"
 #include "kvtier/policy.h"
 
 namespace kvtier {

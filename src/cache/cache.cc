@@ -8,7 +8,7 @@
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/mutex.h"
-#include "kvtier/index.h"
+#include "index/block_index.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {

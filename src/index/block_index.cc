@@ -3,7 +3,7 @@
 
 #include "common/flat_map.h"
 #include "common/mutex.h"
-#include "kvtier/index.h"
+#include "index/block_index.h"
 
 namespace kvtier {
 namespace {

@@ -1,4 +1,4 @@
-#include "kvtier/index.h"
+#include "index/block_index.h"
 
 #include <gtest/gtest.h>
 

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "command.h"
+#include "index/block_index.h"
 #include "kvtier/block_key.h"
-#include "kvtier/index.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier::cli {

@@ -6,8 +6,8 @@
 //
 // Thread-safety: all methods are thread-safe. Ownership: a PinSet keeps its blocks pinned until
 // it is destroyed or Release()d; it must not outlive the index.
-#ifndef KVTIER_INDEX_H_
-#define KVTIER_INDEX_H_
+#ifndef KVTIER_INDEX_BLOCK_INDEX_H_
+#define KVTIER_INDEX_BLOCK_INDEX_H_
 
 #include <array>
 #include <cstdint>
@@ -112,4 +112,4 @@ class BlockIndex {
 
 }  // namespace kvtier
 
-#endif  // KVTIER_INDEX_H_
+#endif  // KVTIER_INDEX_BLOCK_INDEX_H_
