@@ -268,165 +268,212 @@ void DiskStore::Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
   written_seq_.store(next_seq_ - 1);
 }
 
+// One Put in flight: the blocks, the writer's buffers they occupy, and how far the batch got.
+// Put runs it as a loop of two steps: queue writes (rolling the segment when it is full), then
+// wait for some to complete (publishing them).
+struct DiskStore::PutBatch {
+  struct Pending {
+    size_t index;
+    Location loc;
+  };
+  PutBatch(std::span<const BlockKey> k, std::span<const std::span<const std::byte>> b,
+           std::span<Status> r, uint32_t nbuf)
+      : keys(k), blocks(b), results(r), pending(nbuf) {
+    for (uint32_t i = nbuf; i-- > 0;) free_bufs.push_back(i);
+  }
+
+  std::span<const BlockKey> keys;
+  std::span<const std::span<const std::byte>> blocks;
+  std::span<Status> results;
+  std::vector<BlockKey> removed;  // evicted by rolls, reported after the lock is released
+  std::vector<Pending> pending;   // per writer buffer
+  std::vector<uint32_t> free_bufs;
+  std::vector<IoCompletion> done;
+  std::shared_ptr<Segment> seg;
+  // Segments from this id on hold this batch's blocks (0: none yet); it never evicts them.
+  uint64_t first_segment = 0;
+  bool wrote = false;
+  size_t next = 0;
+  // sums[i - sums_base] is the payload checksum of block i, for next <= i < summed.
+  std::vector<uint64_t> sums;
+  size_t summed = 0, sums_base = 0;
+  Status stop;  // why the blocks from `next` on are not written
+};
+
 void DiskStore::Put(std::span<const BlockKey> keys,
                     std::span<const std::span<const std::byte>> blocks, std::span<Status> results) {
   std::vector<BlockKey> removed;
   {
     MutexLock w(&write_mu_);
-    IoContext& ctx = *writer_;
-    const uint32_t nbuf = static_cast<uint32_t>(ctx.buffers.size());
-    struct Pending {
-      size_t index;
-      Location loc;
-    };
-    std::vector<Pending> pending(nbuf);
-    std::vector<uint32_t> free_bufs;
-    for (uint32_t b = nbuf; b-- > 0;) free_bufs.push_back(b);
-    std::vector<IoCompletion> done;
-    std::shared_ptr<Segment> seg;
+    PutBatch batch(keys, blocks, results, static_cast<uint32_t>(writer_->buffers.size()));
     {
       MutexLock l(&mu_);
-      seg = active_;
+      batch.seg = active_;
     }
-    // Segments from this id on hold this batch's blocks (0: none yet); it never evicts them.
-    uint64_t first_segment = 0;
     for (Status& r : results) r = Status::Unavailable("write not completed");
-    bool wrote = false;
-    size_t next = 0;
-    // sums[i - sums_base] is the payload checksum of block i, for next <= i < summed.
-    std::vector<uint64_t> sums;
-    size_t summed = 0, sums_base = 0;
-    Status stop;  // why the blocks from `next` on are not written
-    while (next < keys.size() || ctx.engine->outstanding() > 0) {
-      while (next < keys.size() && !free_bufs.empty() && stop.ok()) {
-        if (blocks[next].size() != options_.block_bytes) {
-          results[next] =
-              Status::InvalidArgument(fmt::format("block of {} bytes, the tier's blocks are {}",
-                                                  blocks[next].size(), options_.block_bytes));
-          ++next;
-          continue;
-        }
-        uint64_t off = seg != nullptr ? seg->bytes.load(std::memory_order_relaxed) : segment_bytes_;
-        if (off + record_bytes_ > segment_bytes_) {
-          if (ctx.engine->outstanding() > 0) break;  // drain before sealing
-          bool self_evicting = false;
-          if (first_segment != 0) {
-            MutexLock l(&mu_);
-            self_evicting = RollEvicts(first_segment);
-          }
-          if (self_evicting) {
-            // Writing on would evict this batch's own head, and a prefix is useless without its
-            // head: the head stays (as the Cache does for a full tier) and the tail is refused.
-            stop = Status::ResourceExhausted(fmt::format(
-                "batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
-                "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
-                "before them kept",
-                keys.size(), keys.size() * record_bytes_, capacity_bytes_, segment_bytes_, next,
-                keys.size() - 1));
-            break;
-          }
-          stop = RollSegment(&removed);
-          if (!stop.ok()) {
-            if (log_limit_.Allow()) {
-              spdlog::error("disk tier {}: {} (such errors are logged at most every {} s)",
-                            options_.path, stop.ToString(), LogLimiter::kIntervalS);
-            }
-            break;
-          }
-          MutexLock l(&mu_);
-          seg = active_;
-          off = seg->bytes.load(std::memory_order_relaxed);
-        }
-        const uint32_t b = free_bufs.back();
-        free_bufs.pop_back();
-        std::byte* buf = ctx.buffers[b].data();
-        RecordHeader h;
-        h.key = keys[next];
-        h.payload_bytes = options_.block_bytes;
-        h.layout_fingerprint = options_.layout_fingerprint;
-        h.sequence = next_seq_++;
-        h.payload_checksum = next < summed ? sums[next - sums_base] : Xxh3(blocks[next]);
-        EncodeRecordHeader(h, {buf, kPageBytes});
-        IoRequest req{
-            true, seg->fd, buf, static_cast<uint32_t>(record_bytes_), off, static_cast<int>(b), b};
-        if (ZeroCopy(blocks[next].data())) {
-          // The caller's page-aligned block goes to the device as it is: no bounce copy.
-          ctx.iov[b][0] = {buf, kPageBytes};
-          ctx.iov[b][1] = {const_cast<std::byte*>(blocks[next].data()), options_.block_bytes};
-          req.iov = ctx.iov[b].data();
-          req.iovcnt = 2;
-        } else {
-          std::memcpy(buf + kPageBytes, blocks[next].data(), options_.block_bytes);
-          std::memset(buf + kPageBytes + options_.block_bytes, 0,
-                      record_bytes_ - kPageBytes - options_.block_bytes);
-        }
-        seg->bytes.store(off + record_bytes_, std::memory_order_relaxed);
-        seg->synced = false;
-        pending[b] = {next, Location{seg->id, off, h.sequence, false}};
-        if (first_segment == 0) first_segment = seg->id;
-        ctx.engine->Queue(req);
-        ++next;
+    while (batch.next < keys.size() || writer_->engine->outstanding() > 0) {
+      QueueWrites(&batch);
+      if (!batch.stop.ok()) {
+        for (; batch.next < keys.size(); ++batch.next) results[batch.next] = batch.stop;
       }
-      if (!stop.ok()) {
-        for (; next < keys.size(); ++next) results[next] = stop;
-      }
-      if (ctx.engine->outstanding() == 0) continue;
-      // While the device writes, the next block's checksum is computed (one ahead per wait).
-      ctx.engine->Submit();
-      if (summed < next) {
-        summed = next;
-        sums_base = next;
-        sums.clear();
-      }
-      if (summed < keys.size() && blocks[summed].size() == options_.block_bytes) {
-        sums.push_back(Xxh3(blocks[summed]));
-        ++summed;
-      }
-      done.clear();
-      Status st = ctx.engine->Wait(1, &done);
-      if (!st.ok()) {
-        // The ring itself failed: what it holds never completes, so those blocks and the rest
-        // are not stored. A ring that failed once is not trusted again (its kernel or device
-        // is likely to fail the next one the same way, and a retry could hang): this context
-        // and every one made from now on use pread/pwrite.
-        spdlog::error("disk tier {}: {}; going on with pread/pwrite", options_.path, st.ToString());
-        std::vector<bool> busy(nbuf, true);
-        for (uint32_t b : free_bufs) busy[b] = false;
-        for (uint32_t b = 0; b < nbuf; ++b) {
-          if (busy[b]) results[pending[b].index] = Status::Unavailable(st.message());
-        }
-        for (; next < keys.size(); ++next) results[next] = Status::Unavailable(st.message());
-        ring_failed_.store(true, std::memory_order_relaxed);
-        auto fresh = MakeContext();
-        if (fresh.ok()) {
-          RetireContext(std::move(writer_));
-          writer_ = std::move(fresh).value();
-        }
-        break;
-      }
-      MutexLock l(&mu_);
-      for (const IoCompletion& c : done) {
-        const Pending& p = pending[c.tag];
-        if (c.result == static_cast<int64_t>(record_bytes_)) {
-          Publish(keys[p.index], p.loc);
-          results[p.index] = Status::Ok();
-          wrote = true;
-        } else {
-          results[p.index] = Status::Unavailable(fmt::format(
-              "segment {} offset {}: write: {}", p.loc.segment_id, p.loc.offset,
-              c.result < 0 ? Errno(static_cast<int>(-c.result)) : std::string("short write")));
-        }
-        free_bufs.push_back(static_cast<uint32_t>(c.tag));
-      }
+      if (writer_->engine->outstanding() == 0) continue;
+      if (!AwaitWrites(&batch)) break;
     }
     written_seq_.store(next_seq_ - 1);
-    if (wrote && options_.sync == SyncPolicy::kBatch) {
+    if (batch.wrote && options_.sync == SyncPolicy::kBatch) {
       Status st = SyncLocked();
       if (!st.ok()) spdlog::error("disk tier {}: {}", options_.path, st.ToString());
     }
+    removed = std::move(batch.removed);
   }
   if (!removed.empty() && on_removed_) on_removed_(removed);
 }
+
+void DiskStore::QueueWrites(PutBatch* b) {
+  while (b->next < b->keys.size() && !b->free_bufs.empty() && b->stop.ok()) {
+    const std::span<const std::byte> block = b->blocks[b->next];
+    if (block.size() != options_.block_bytes) {
+      b->results[b->next] = Status::InvalidArgument(fmt::format(
+          "block of {} bytes, the tier's blocks are {}", block.size(), options_.block_bytes));
+      ++b->next;
+      continue;
+    }
+    uint64_t off =
+        b->seg != nullptr ? b->seg->bytes.load(std::memory_order_relaxed) : segment_bytes_;
+    if (off + record_bytes_ > segment_bytes_) {
+      if (writer_->engine->outstanding() > 0) break;  // drain before sealing
+      if (!RollForBatch(b)) break;
+      off = b->seg->bytes.load(std::memory_order_relaxed);
+    }
+    QueueWrite(b, off);
+  }
+}
+
+bool DiskStore::RollForBatch(PutBatch* b) {
+  bool self_evicting = false;
+  if (b->first_segment != 0) {
+    MutexLock l(&mu_);
+    self_evicting = RollEvicts(b->first_segment);
+  }
+  if (self_evicting) {
+    // Writing on would evict this batch's own head, and a prefix is useless without its
+    // head: the head stays (as the Cache does for a full tier) and the tail is refused.
+    const size_t n = b->keys.size();
+    b->stop = Status::ResourceExhausted(
+        fmt::format("batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
+                    "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
+                    "before them kept",
+                    n, n * record_bytes_, capacity_bytes_, segment_bytes_, b->next, n - 1));
+    return false;
+  }
+  b->stop = RollSegment(&b->removed);
+  if (!b->stop.ok()) {
+    if (log_limit_.Allow()) {
+      spdlog::error("disk tier {}: {} (such errors are logged at most every {} s)", options_.path,
+                    b->stop.ToString(), LogLimiter::kIntervalS);
+    }
+    return false;
+  }
+  MutexLock l(&mu_);
+  b->seg = active_;
+  return true;
+}
+
+void DiskStore::QueueWrite(PutBatch* b, uint64_t off) {
+  IoContext& ctx = *writer_;
+  const size_t next = b->next;
+  const std::span<const std::byte> block = b->blocks[next];
+  Segment& seg = *b->seg;
+  const uint32_t buf_index = b->free_bufs.back();
+  b->free_bufs.pop_back();
+  std::byte* buf = ctx.buffers[buf_index].data();
+  RecordHeader h;
+  h.key = b->keys[next];
+  h.payload_bytes = options_.block_bytes;
+  h.layout_fingerprint = options_.layout_fingerprint;
+  h.sequence = next_seq_++;
+  h.payload_checksum = next < b->summed ? b->sums[next - b->sums_base] : Xxh3(block);
+  EncodeRecordHeader(h, {buf, kPageBytes});
+  IoRequest req{
+      true,     seg.fd, buf, static_cast<uint32_t>(record_bytes_), off, static_cast<int>(buf_index),
+      buf_index};
+  if (ZeroCopy(block.data())) {
+    // The caller's page-aligned block goes to the device as it is: no bounce copy.
+    ctx.iov[buf_index][0] = {buf, kPageBytes};
+    ctx.iov[buf_index][1] = {const_cast<std::byte*>(block.data()), options_.block_bytes};
+    req.iov = ctx.iov[buf_index].data();
+    req.iovcnt = 2;
+  } else {
+    std::memcpy(buf + kPageBytes, block.data(), options_.block_bytes);
+    std::memset(buf + kPageBytes + options_.block_bytes, 0,
+                record_bytes_ - kPageBytes - options_.block_bytes);
+  }
+  seg.bytes.store(off + record_bytes_, std::memory_order_relaxed);
+  seg.synced = false;
+  b->pending[buf_index] = {next, Location{seg.id, off, h.sequence, false}};
+  if (b->first_segment == 0) b->first_segment = seg.id;
+  ctx.engine->Queue(req);
+  ++b->next;
+}
+
+bool DiskStore::AwaitWrites(PutBatch* b) {
+  // While the device writes, the next block's checksum is computed (one ahead per wait).
+  writer_->engine->Submit();
+  if (b->summed < b->next) {
+    b->summed = b->next;
+    b->sums_base = b->next;
+    b->sums.clear();
+  }
+  if (b->summed < b->keys.size() && b->blocks[b->summed].size() == options_.block_bytes) {
+    b->sums.push_back(Xxh3(b->blocks[b->summed]));
+    ++b->summed;
+  }
+  b->done.clear();
+  Status st = writer_->engine->Wait(1, &b->done);
+  if (!st.ok()) {
+    FailWriterRing(b, st);
+    return false;
+  }
+  MutexLock l(&mu_);
+  for (const IoCompletion& c : b->done) {
+    const PutBatch::Pending& p = b->pending[c.tag];
+    if (c.result == static_cast<int64_t>(record_bytes_)) {
+      Publish(b->keys[p.index], p.loc);
+      b->results[p.index] = Status::Ok();
+      b->wrote = true;
+    } else {
+      b->results[p.index] = Status::Unavailable(fmt::format(
+          "segment {} offset {}: write: {}", p.loc.segment_id, p.loc.offset,
+          c.result < 0 ? Errno(static_cast<int>(-c.result)) : std::string("short write")));
+    }
+    b->free_bufs.push_back(static_cast<uint32_t>(c.tag));
+  }
+  return true;
+}
+
+void DiskStore::FailWriterRing(PutBatch* b, const Status& st) {
+  // The ring itself failed: what it holds never completes, so those blocks and the rest
+  // are not stored. A ring that failed once is not trusted again (its kernel or device
+  // is likely to fail the next one the same way, and a retry could hang): this context
+  // and every one made from now on use pread/pwrite.
+  spdlog::error("disk tier {}: {}; going on with pread/pwrite", options_.path, st.ToString());
+  const uint32_t nbuf = static_cast<uint32_t>(b->pending.size());
+  std::vector<bool> busy(nbuf, true);
+  for (uint32_t i : b->free_bufs) busy[i] = false;
+  for (uint32_t i = 0; i < nbuf; ++i) {
+    if (busy[i]) b->results[b->pending[i].index] = Status::Unavailable(st.message());
+  }
+  for (; b->next < b->keys.size(); ++b->next) {
+    b->results[b->next] = Status::Unavailable(st.message());
+  }
+  ring_failed_.store(true, std::memory_order_relaxed);
+  auto fresh = MakeContext();
+  if (fresh.ok()) {
+    RetireContext(std::move(writer_));
+    writer_ = std::move(fresh).value();
+  }
+}
+
 Status DiskStore::Erase(std::span<const BlockKey> keys) {
   MutexLock w(&write_mu_);
   std::vector<BlockKey> gone;
