@@ -37,6 +37,8 @@
 
 namespace kvtier::disk {
 
+struct SegmentScan;
+
 enum class SyncPolicy : uint8_t {
   kNone,      // never fdatasync on its own; blocks become durable on Sync() or close
   kBatch,     // fdatasync before each Put returns: every OK block is durable
@@ -157,8 +159,27 @@ class DiskStore {
     return options_.block_bytes % 4096 == 0 && reinterpret_cast<uintptr_t>(p) % 4096 == 0;
   }
 
+  struct PutBatch;   // one Put in flight (disk_writer.cc)
+  struct ReadBatch;  // one Get in flight (disk_reader.cc)
+
   explicit DiskStore(const DiskOptions& options, RemovalFn on_removed);
+
+  // Opening (disk_recovery.cc).
   Status OpenDirectory(std::vector<BlockKey>* removed);
+  // Creates and flocks the directory: Internal, or Unavailable when another tier holds it.
+  Status LockDirectory();
+  // Scans segment `id` and indexes its records (trimming a crashed tail when it is the newest);
+  // an empty one is unlinked. InvalidArgument for a future version or a foreign layout.
+  Status RecoverSegment(uint64_t id, bool newest, uint64_t* max_seq, uint64_t* recovered_issues)
+      KVTIER_REQUIRES(write_mu_);
+  // Logs the scan's issues; returns how many count as recovery issues.
+  uint64_t ReportScanIssues(const SegmentScan& scan, bool newest, const std::string& path);
+  // Adds seg to the table and its records to the index; returns the records skipped.
+  uint64_t IndexScannedRecords(const std::shared_ptr<Segment>& seg, const SegmentScan& scan,
+                               uint64_t* max_seq);
+  // Lowers capacity_bytes_ to what the filesystem holds (at least two segments).
+  void ClampCapacityToFilesystem();
+
   Result<std::unique_ptr<IoContext>> MakeContext();
   std::unique_ptr<IoContext> AcquireReader();
   void ReleaseReader(std::unique_ptr<IoContext> ctx);
@@ -185,7 +206,23 @@ class DiskStore {
   void Reinsert(const std::vector<std::pair<BlockKey, Location>>& hot,
                 const std::shared_ptr<Segment>& dst, std::vector<BlockKey>* removed)
       KVTIER_REQUIRES(write_mu_);
+  // Put's steps: queue writes until the buffers or the segment run out, roll to the next
+  // segment (false: b->stop says why not), wait for completions (false: the ring failed).
+  void QueueWrites(PutBatch* b) KVTIER_REQUIRES(write_mu_);
+  bool RollForBatch(PutBatch* b) KVTIER_REQUIRES(write_mu_);
+  void QueueWrite(PutBatch* b, uint64_t off) KVTIER_REQUIRES(write_mu_);
+  bool AwaitWrites(PutBatch* b) KVTIER_REQUIRES(write_mu_);
+  void FailWriterRing(PutBatch* b, const Status& st) KVTIER_REQUIRES(write_mu_);
   Status SyncLocked() KVTIER_REQUIRES(write_mu_);
+
+  // Get's steps (disk_reader.cc): find the records, queue reads, check each landed one,
+  // drop those found corrupt from the index.
+  void FindRecords(ReadBatch* r);
+  void QueueReads(ReadBatch* r);
+  void CheckRead(ReadBatch* r, const IoCompletion& c);
+  void ReportCorrupt(ReadBatch* r, size_t want, const std::string& problem);
+  void DropCorrupt(const std::vector<std::pair<BlockKey, uint64_t>>& corrupt);
+
   void Publish(const BlockKey& key, const Location& loc) KVTIER_REQUIRES(mu_);
   // Takes loc's record out of its segment's live counts.
   void Unaccount(const Location& loc) KVTIER_REQUIRES(mu_);
