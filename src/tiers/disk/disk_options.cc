@@ -1,9 +1,12 @@
-// DiskOptions and SyncPolicy: the disk tier's settings, their defaults and their checks.
+// DiskOptions and SyncPolicy: the disk tier's settings, their defaults, their checks, and their
+// parsing from a config's params (DiskOptionsFromParams, declared in disk_tier.h).
 #include <algorithm>
+#include <charconv>
 
 #include <fmt/format.h>
 
 #include "tiers/disk/disk_store.h"
+#include "tiers/disk/disk_tier.h"
 #include "tiers/disk/format.h"
 
 namespace kvtier::disk {
@@ -72,6 +75,89 @@ Status DiskOptions::Validate() const {
         "buffer_bytes: {} is smaller than one {}-byte record", buffer_bytes, record_bytes()));
   }
   return Status::Ok();
+}
+
+namespace {
+
+Status ParseBool(const std::string& key, const std::string& v, bool* out) {
+  if (v == "true" || v == "1" || v == "yes" || v == "on") {
+    *out = true;
+  } else if (v == "false" || v == "0" || v == "no" || v == "off") {
+    *out = false;
+  } else {
+    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not true or false", key, v));
+  }
+  return Status::Ok();
+}
+
+Status ParseU32(const std::string& key, const std::string& v, uint32_t* out) {
+  uint32_t x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size()) {
+    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not a number", key, v));
+  }
+  *out = x;
+  return Status::Ok();
+}
+
+Status ParseSize(const std::string& key, const std::string& v, uint64_t* out) {
+  Result<uint64_t> r = ParseByteSize(v);
+  if (!r.ok()) {
+    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not a byte size", key, v));
+  }
+  *out = *r;
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::string>& params) {
+  DiskOptions o;
+  for (const auto& [key, v] : params) {
+    if (key == "path") {
+      o.path = v;
+    } else if (key == "segment_bytes") {
+      KVTIER_RETURN_IF_ERROR(ParseSize(key, v, &o.segment_bytes));
+    } else if (key == "buffer_bytes") {
+      KVTIER_RETURN_IF_ERROR(ParseSize(key, v, &o.buffer_bytes));
+    } else if (key == "queue_depth") {
+      KVTIER_RETURN_IF_ERROR(ParseU32(key, v, &o.queue_depth));
+    } else if (key == "sync_interval_ms") {
+      KVTIER_RETURN_IF_ERROR(ParseU32(key, v, &o.sync_interval_ms));
+    } else if (key == "sync") {
+      auto p = ParseSyncPolicy(v);
+      if (!p) {
+        return Status::InvalidArgument(
+            fmt::format("params.sync: '{}' is not none, batch or interval", v));
+      }
+      o.sync = *p;
+    } else if (key == "io") {
+      if (v == "auto") {
+        o.io = IoBackend::kAuto;
+      } else if (v == "uring" || v == "io_uring") {
+        o.io = IoBackend::kUring;
+      } else if (v == "sync" || v == "pread") {
+        o.io = IoBackend::kSync;
+      } else {
+        return Status::InvalidArgument(
+            fmt::format("params.io: '{}' is not auto, uring or sync", v));
+      }
+    } else if (key == "register_buffers") {
+      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.register_buffers));
+    } else if (key == "direct_io") {
+      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.direct_io));
+    } else if (key == "reinsert_hot") {
+      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.reinsert_hot));
+    } else {
+      return Status::InvalidArgument(fmt::format(
+          "params.{}: unknown disk tier param (known: path, segment_bytes, queue_depth, sync, "
+          "sync_interval_ms, io, register_buffers, direct_io, reinsert_hot, buffer_bytes)",
+          key));
+    }
+  }
+  if (o.path.empty())
+    return Status::InvalidArgument("params.path: the disk tier needs a directory");
+  return o;
 }
 
 }  // namespace kvtier::disk

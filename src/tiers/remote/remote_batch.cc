@@ -245,79 +245,88 @@ void RemoteTier::HandleReply(Batch& batch, size_t i, const NodeAddress& from, Re
 }
 
 void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t deadline_ns) {
-  // Group by node.
   std::vector<Flight> flights;
-  {
-    std::vector<int> flight_of;  // node index -> flight index
-    MutexLock lock(&topo_mu_);
-    flight_of.assign(nodes_.size(), -1);
-    for (size_t i : pending) {
-      uint16_t n = batch.target[i] != kNoNode ? batch.target[i] : slot_node_[batch.slots[i]];
-      if (n == kNoNode || n >= nodes_.size()) {
-        batch.results[i] = Status::Unavailable(
-            "remote: hash slot " + std::to_string(batch.slots[i]) + " has no known master");
-        stale_.store(true, std::memory_order_relaxed);
-        continue;
-      }
-      if (flight_of[n] < 0) {
-        flight_of[n] = static_cast<int>(flights.size());
-        flights.emplace_back();
-        flights.back().node = nodes_[n].get();
-      }
-      flights[flight_of[n]].ops.push_back(i);
-    }
-  }
+  GroupFlights(batch, pending, &flights);
   pending.clear();
   // Large values: several connections per node, each with a short window. Redis reads a big
   // argument straight into its final string only when it is alone in the query buffer, so
   // pipelined multi-MiB SETs cost the server copies; parallel connections keep it busy instead.
   const bool big =
       block_bytes() >= kBigValueBytes && (batch.kind == OpKind::kSet || batch.kind == OpKind::kGet);
-  if (big) {
-    const size_t per_node = static_cast<size_t>(options_.connections_per_node);
-    const size_t window =
-        static_cast<size_t>(batch.kind == OpKind::kSet ? options_.set_window : options_.get_window);
-    std::vector<Flight> split;
-    for (Flight& f : flights) {
-      size_t parts = std::min(per_node, f.ops.size());
-      size_t first = split.size();
-      for (size_t p = 0; p < parts; ++p) {
-        split.emplace_back();
-        split.back().node = f.node;
-        split.back().window = window;
-      }
-      for (size_t j = 0; j < f.ops.size(); ++j) split[first + j % parts].ops.push_back(f.ops[j]);
+  if (big) SplitBigFlights(batch, &flights);
+  ConnectFlights(batch, flights, deadline_ns);
+  PumpFlights(batch, flights, &pending, deadline_ns);
+}
+
+void RemoteTier::GroupFlights(Batch& batch, const std::vector<size_t>& pending,
+                              std::vector<Flight>* flights) {
+  std::vector<int> flight_of;  // node index -> flight index
+  MutexLock lock(&topo_mu_);
+  flight_of.assign(nodes_.size(), -1);
+  for (size_t i : pending) {
+    uint16_t n = batch.target[i] != kNoNode ? batch.target[i] : slot_node_[batch.slots[i]];
+    if (n == kNoNode || n >= nodes_.size()) {
+      batch.results[i] = Status::Unavailable("remote: hash slot " + std::to_string(batch.slots[i]) +
+                                             " has no known master");
+      stale_.store(true, std::memory_order_relaxed);
+      continue;
     }
-    flights = std::move(split);
+    if (flight_of[n] < 0) {
+      flight_of[n] = static_cast<int>(flights->size());
+      flights->emplace_back();
+      flights->back().node = nodes_[n].get();
+    }
+    (*flights)[flight_of[n]].ops.push_back(i);
   }
+}
 
-  auto fail_rest = [&](Flight& f, const Status& s) {
-    // Every op whose reply has not arrived gets s.
-    for (size_t r = f.next_reply; r < f.replies.size(); ++r) {
-      if (f.replies[r] >= 0) batch.results[f.replies[r]] = s;
+void RemoteTier::SplitBigFlights(const Batch& batch, std::vector<Flight>* flights) const {
+  const size_t per_node = static_cast<size_t>(options_.connections_per_node);
+  const size_t window =
+      static_cast<size_t>(batch.kind == OpKind::kSet ? options_.set_window : options_.get_window);
+  std::vector<Flight> split;
+  for (Flight& f : *flights) {
+    size_t parts = std::min(per_node, f.ops.size());
+    size_t first = split.size();
+    for (size_t p = 0; p < parts; ++p) {
+      split.emplace_back();
+      split.back().node = f.node;
+      split.back().window = window;
     }
-    if (f.replies.empty()) {
-      for (size_t i : f.ops) batch.results[i] = s;
-    }
-    f.done = true;
-  };
-  auto fail_flight = [&](Flight& f, const Status& s) {
-    fail_rest(f, s);
-    Release(f.node, std::move(f.conn), false);
-    stale_.store(true, std::memory_order_relaxed);
-  };
+    for (size_t j = 0; j < f.ops.size(); ++j) split[first + j % parts].ops.push_back(f.ops[j]);
+  }
+  *flights = std::move(split);
+}
 
+void RemoteTier::FailRest(Batch& batch, Flight& f, const Status& s) {
+  // Every op whose reply has not arrived gets s.
+  for (size_t r = f.next_reply; r < f.replies.size(); ++r) {
+    if (f.replies[r] >= 0) batch.results[f.replies[r]] = s;
+  }
+  if (f.replies.empty()) {
+    for (size_t i : f.ops) batch.results[i] = s;
+  }
+  f.done = true;
+}
+
+void RemoteTier::FailFlight(Batch& batch, Flight& f, const Status& s) {
+  FailRest(batch, f, s);
+  Release(f.node, std::move(f.conn), false);
+  stale_.store(true, std::memory_order_relaxed);
+}
+
+void RemoteTier::ConnectFlights(Batch& batch, std::vector<Flight>& flights, int64_t deadline_ns) {
   std::vector<std::pair<Node*, Status>> unreachable;  // one failed connect fails the node's rest
   for (Flight& f : flights) {
     auto known = std::find_if(unreachable.begin(), unreachable.end(),
                               [&](const auto& u) { return u.first == f.node; });
     if (known != unreachable.end()) {
-      fail_rest(f, known->second);
+      FailRest(batch, f, known->second);
       continue;
     }
     Result<std::unique_ptr<RedisConnection>> conn = Acquire(f.node, deadline_ns);
     if (!conn.ok()) {
-      fail_rest(f, conn.status());
+      FailRest(batch, f, conn.status());
       unreachable.emplace_back(f.node, conn.status());
       if (conn.status().code() != StatusCode::kInvalidArgument) {
         stale_.store(true, std::memory_order_relaxed);
@@ -327,7 +336,10 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
     f.conn = std::move(*conn);
     BuildFlight(batch, f);
   }
+}
 
+void RemoteTier::PumpFlights(Batch& batch, std::vector<Flight>& flights,
+                             std::vector<size_t>* pending, int64_t deadline_ns) {
   const uint64_t hash_ahead = std::max<uint64_t>(kChecksumAheadBytes, block_bytes());
   std::vector<pollfd> pfds;
   std::vector<Flight*> polled;
@@ -359,14 +371,14 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
           spdlog::warn("remote tier '{}': {} ({} deadline hits so far; logged at most every {} s)",
                        name(), why, total, LogLimiter::kIntervalS);
         }
-        fail_flight(*f, Status::Unavailable(why));
+        FailFlight(batch, *f, Status::Unavailable(why));
       }
       break;
     }
     int rc = poll(pfds.data(), pfds.size(), static_cast<int>((left + kMs - 1) / kMs));
     if (rc < 0 && errno != EINTR) {
       for (Flight* f : polled)
-        fail_flight(*f, Status::Internal("poll: " + std::string(strerror(errno))));
+        FailFlight(batch, *f, Status::Internal("poll: " + std::string(strerror(errno))));
       break;
     }
     if (rc <= 0) continue;
@@ -375,83 +387,13 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
       short rev = pfds[p].revents;
       if (rev == 0) continue;
       Status io;
-      if (rev & (POLLOUT | POLLERR | POLLHUP)) {
-        iovec part[kMaxIov];
-        for (uint64_t limit = f.SendLimit(); f.sent < limit;) {
-          // Checksum the next stretch of block bytes, then send no further than that.
-          ChecksumAhead(batch, f, std::min(limit, f.sent + hash_ahead));
-          const uint64_t cap = std::min(limit, f.HashedFrontier());
-          // The window's bytes only: copy the iovecs, cutting the last one short.
-          size_t count = 0;
-          uint64_t room = cap - f.sent;
-          for (size_t v = f.iov_pos; v < f.iov.size() && count < kMaxIov && room > 0; ++v) {
-            part[count] = f.iov[v];
-            if (part[count].iov_len > room) part[count].iov_len = room;
-            room -= part[count].iov_len;
-            ++count;
-          }
-          msghdr msg{};
-          msg.msg_iov = part;
-          msg.msg_iovlen = count;
-          ssize_t n = sendmsg(f.conn->fd(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-          if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-              io = Status::Unavailable("remote " + f.node->address.ToString() +
-                                       ": send: " + strerror(errno));
-            }
-            break;
-          }
-          size_t left_n = static_cast<size_t>(n);
-          f.sent += left_n;
-          while (left_n > 0) {
-            iovec& v = f.iov[f.iov_pos];
-            if (left_n >= v.iov_len) {
-              left_n -= v.iov_len;
-              ++f.iov_pos;
-            } else {
-              v.iov_base = static_cast<char*>(v.iov_base) + left_n;
-              v.iov_len -= left_n;
-              left_n = 0;
-            }
-          }
-        }
-      }
-      RespReader& reader = f.conn->reader();
+      if (rev & (POLLOUT | POLLERR | POLLHUP)) io = SendSome(batch, f, hash_ahead);
       if (io.ok() && (rev & (POLLIN | POLLERR | POLLHUP)) && f.next_reply < f.replies.size()) {
-        while (reader.outstanding() > 0) {
-          std::span<std::byte> target = reader.ReadTarget();
-          ssize_t n = recv(f.conn->fd(), target.data(), target.size(), MSG_DONTWAIT);
-          if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) {
-              io = Status::Unavailable("remote " + f.node->address.ToString() +
-                                       ": recv: " + strerror(errno));
-            }
-            break;
-          }
-          if (n == 0) {
-            io = Status::Unavailable("remote " + f.node->address.ToString() +
-                                     ": connection closed by the server");
-            break;
-          }
-          Status parsed = reader.Commit(static_cast<size_t>(n));
-          RespReply reply;
-          while (reader.Next(&reply)) {
-            int64_t op = f.replies[f.next_reply++];
-            if (op >= 0)
-              HandleReply(batch, static_cast<size_t>(op), f.node->address, reply, &pending);
-          }
-          if (!parsed.ok()) {
-            io = Status::Unavailable("remote " + f.node->address.ToString() + ": " +
-                                     parsed.ToString());
-            break;
-          }
-        }
+        io = ReceiveSome(batch, f, pending);
       }
       if (!io.ok()) {
         counters_.io_failures.fetch_add(1, std::memory_order_relaxed);
-        fail_flight(f, io);
+        FailFlight(batch, f, io);
         continue;
       }
       if (f.next_reply == f.replies.size() && f.sent == f.SendLimit()) {
@@ -460,6 +402,80 @@ void RemoteTier::RunRound(Batch& batch, std::vector<size_t>& pending, int64_t de
       }
     }
   }
+}
+
+Status RemoteTier::SendSome(Batch& batch, Flight& f, uint64_t hash_ahead) {
+  iovec part[kMaxIov];
+  for (uint64_t limit = f.SendLimit(); f.sent < limit;) {
+    // Checksum the next stretch of block bytes, then send no further than that.
+    ChecksumAhead(batch, f, std::min(limit, f.sent + hash_ahead));
+    const uint64_t cap = std::min(limit, f.HashedFrontier());
+    // The window's bytes only: copy the iovecs, cutting the last one short.
+    size_t count = 0;
+    uint64_t room = cap - f.sent;
+    for (size_t v = f.iov_pos; v < f.iov.size() && count < kMaxIov && room > 0; ++v) {
+      part[count] = f.iov[v];
+      if (part[count].iov_len > room) part[count].iov_len = room;
+      room -= part[count].iov_len;
+      ++count;
+    }
+    msghdr msg{};
+    msg.msg_iov = part;
+    msg.msg_iovlen = count;
+    ssize_t n = sendmsg(f.conn->fd(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return Status::Unavailable("remote " + f.node->address.ToString() +
+                                   ": send: " + strerror(errno));
+      }
+      break;
+    }
+    size_t left_n = static_cast<size_t>(n);
+    f.sent += left_n;
+    while (left_n > 0) {
+      iovec& v = f.iov[f.iov_pos];
+      if (left_n >= v.iov_len) {
+        left_n -= v.iov_len;
+        ++f.iov_pos;
+      } else {
+        v.iov_base = static_cast<char*>(v.iov_base) + left_n;
+        v.iov_len -= left_n;
+        left_n = 0;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status RemoteTier::ReceiveSome(Batch& batch, Flight& f, std::vector<size_t>* pending) {
+  RespReader& reader = f.conn->reader();
+  while (reader.outstanding() > 0) {
+    std::span<std::byte> target = reader.ReadTarget();
+    ssize_t n = recv(f.conn->fd(), target.data(), target.size(), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return Status::Unavailable("remote " + f.node->address.ToString() +
+                                   ": recv: " + strerror(errno));
+      }
+      break;
+    }
+    if (n == 0) {
+      return Status::Unavailable("remote " + f.node->address.ToString() +
+                                 ": connection closed by the server");
+    }
+    Status parsed = reader.Commit(static_cast<size_t>(n));
+    RespReply reply;
+    while (reader.Next(&reply)) {
+      int64_t op = f.replies[f.next_reply++];
+      if (op >= 0) HandleReply(batch, static_cast<size_t>(op), f.node->address, reply, pending);
+    }
+    if (!parsed.ok()) {
+      return Status::Unavailable("remote " + f.node->address.ToString() + ": " + parsed.ToString());
+    }
+  }
+  return Status::Ok();
 }
 
 void RemoteTier::Route(Batch& batch) const {

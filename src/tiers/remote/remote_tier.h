@@ -144,7 +144,24 @@ class RemoteTier final : public Tier {
   // Fills each key's Redis key, slot and routing state.
   void Route(Batch& batch) const;
   void Run(Batch& batch);
+  // One round of the pending ops (redirected ops are appended to pending for the next).
   void RunRound(Batch& batch, std::vector<size_t>& pending, int64_t deadline_ns);
+  // RunRound's steps: group the ops by node into flights (several per node for big values),
+  // connect each, then pump them (poll, send, receive) until every reply is in or the
+  // deadline passes.
+  void GroupFlights(Batch& batch, const std::vector<size_t>& pending, std::vector<Flight>* flights);
+  void SplitBigFlights(const Batch& batch, std::vector<Flight>* flights) const;
+  void ConnectFlights(Batch& batch, std::vector<Flight>& flights, int64_t deadline_ns);
+  void PumpFlights(Batch& batch, std::vector<Flight>& flights, std::vector<size_t>* pending,
+                   int64_t deadline_ns);
+  // What the flight may send now, checksummed hash_ahead bytes ahead: OK, or Unavailable when
+  // the socket failed.
+  Status SendSome(Batch& batch, Flight& f, uint64_t hash_ahead);
+  // The replies that have arrived, each handled: OK, or Unavailable when the socket failed.
+  Status ReceiveSome(Batch& batch, Flight& f, std::vector<size_t>* pending);
+  // Every op of f whose reply has not arrived gets s; FailFlight also drops the connection.
+  static void FailRest(Batch& batch, Flight& f, const Status& s);
+  void FailFlight(Batch& batch, Flight& f, const Status& s);
   void BuildFlight(Batch& batch, Flight& flight);
   void ChecksumAhead(Batch& batch, Flight& flight, uint64_t upto);
   void HandleReply(Batch& batch, size_t i, const NodeAddress& from, RespReply& reply,
