@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvtier/block_key.h"
 #include "kvtier/layout.h"
@@ -66,6 +67,14 @@ struct TierStats {
   uint64_t capacity_bytes = 0;
   Histogram::Snapshot put_latency_ns;  // per batch
   Histogram::Snapshot get_latency_ns;  // per batch
+  // What only some kinds count (the remote tier: breaker opens, deadline hits, corrupt values
+  // dropped, ...), exported as kvtier_tier_<name>_total in /metrics.
+  struct Counter {
+    const char* name;  // a static string: [a-z_]+
+    const char* help;  // a static string
+    uint64_t value;
+  };
+  std::vector<Counter> counters;
 };
 
 class Tier {
@@ -120,6 +129,8 @@ class Tier {
   virtual Status EraseImpl(std::span<const BlockKey> keys) = 0;
   virtual uint64_t UsedBytesImpl() const = 0;
   virtual TierCapabilities CapabilitiesImpl() const = 0;
+  // Appends the kind's own counters to stats(); none by default.
+  virtual void CountersImpl(std::vector<TierStats::Counter>* out) const;
 
   // For self-managed tiers: report keys dropped without an Erase call.
   void NotifyRemoved(std::span<const BlockKey> keys);

@@ -164,6 +164,9 @@ nb::dict StatsDict(const CacheStats& s) {
     d["get_bytes"] = t.tier.get_bytes;
     d["used_bytes"] = t.tier.used_bytes;
     d["capacity_bytes"] = t.tier.capacity_bytes;
+    nb::dict counters;  // the kind's own (remote: breaker_opens, timeouts, corruptions, ...)
+    for (const auto& c : t.tier.counters) counters[c.name] = c.value;
+    d["counters"] = counters;
     tiers.append(d);
   }
   nb::dict d;

@@ -1,6 +1,10 @@
 // Prometheus text exposition (format 0.0.4) of the cache's stats.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "kvtier/cache.h"
 
@@ -90,6 +94,22 @@ std::string Cache::PrometheusText() const {
                [](const T& t) { return t.tier.used_bytes; });
   tier_counter("kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier",
                [](const T& t) { return t.tier.capacity_bytes; });
+  // Kind-specific counters, one metric per name over the tiers that have it.
+  std::vector<std::string> seen;
+  for (const auto& t : s.tiers) {
+    for (const auto& c : t.tier.counters) {
+      const std::string name = std::string("kvtier_tier_") + c.name + "_total";
+      if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
+      seen.push_back(name);
+      Header(&out, name.c_str(), "counter", c.help);
+      for (const auto& u : s.tiers) {
+        for (const auto& d : u.tier.counters) {
+          if (std::string_view(d.name) != c.name) continue;
+          Line(&out, name.c_str(), "tier=\"" + Escape(u.name) + "\"", static_cast<double>(d.value));
+        }
+      }
+    }
+  }
   Header(&out, "kvtier_tier_get_latency_seconds", "histogram", "Latency of batched tier reads");
   for (const auto& t : s.tiers)
     Histo(&out, "kvtier_tier_get_latency_seconds", "tier=\"" + Escape(t.name) + "\"",

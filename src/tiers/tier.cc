@@ -99,8 +99,11 @@ TierStats Tier::stats() const {
   s.capacity_bytes = capacity_bytes_;
   s.put_latency_ns = put_latency_.Take();
   s.get_latency_ns = get_latency_.Take();
+  CountersImpl(&s.counters);
   return s;
 }
+
+void Tier::CountersImpl(std::vector<TierStats::Counter>*) const {}
 
 void Tier::SetRemovalListener(RemovalListener listener) {
   std::lock_guard<std::mutex> lock(listener_mu_);

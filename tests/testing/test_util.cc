@@ -108,4 +108,9 @@ TierCapabilities FaultyTier::CapabilitiesImpl() const {
   return c;
 }
 
+void FaultyTier::CountersImpl(std::vector<TierStats::Counter>* out) const {
+  out->push_back(
+      {"faulty_gets", "Get calls the faulty tier saw", static_cast<uint64_t>(gets.load())});
+}
+
 }  // namespace kvtier::testing

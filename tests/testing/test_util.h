@@ -58,6 +58,8 @@ class FaultyTier final : public Tier {
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
   TierCapabilities CapabilitiesImpl() const override;
+  // One kind-specific counter, "faulty_gets" (= gets), so tests see counters reach /metrics.
+  void CountersImpl(std::vector<TierStats::Counter>* out) const override;
 
  private:
   FaultyTier(const KvLayout& layout, uint64_t capacity, std::string name,

@@ -124,5 +124,30 @@ TEST(PrometheusTest, TextParsesAndHistogramsAreConsistent) {
   }
 }
 
+// A tier's own counters (the remote tier's breaker opens, timeouts, ...) reach /metrics as
+// kvtier_tier_<name>_total, labelled by tier, with one HELP/TYPE header.
+TEST(PrometheusTest, TierCountersAreExported) {
+  CacheOptions o;
+  o.layout = testing::SmallLayout();
+  auto faulty = testing::FaultyTier::Make(o.layout, 16 * o.layout.bytes_per_block());
+  TierSpec spec;
+  spec.instance = faulty;
+  spec.capacity_bytes = 16 * o.layout.bytes_per_block();
+  o.tiers = {spec};
+  auto cache = Cache::Open(o);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  faulty->gets = 7;
+  const std::string text = (*cache)->PrometheusText();
+  EXPECT_NE(text.find("kvtier_tier_faulty_gets_total{tier=\"faulty\"} 7\n"), std::string::npos)
+      << text;
+  size_t headers = 0;
+  for (size_t at = 0;
+       (at = text.find("# TYPE kvtier_tier_faulty_gets_total counter", at)) != std::string::npos;
+       ++at) {
+    ++headers;
+  }
+  EXPECT_EQ(headers, 1u);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -283,6 +283,12 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
   ASSERT_TRUE(got[4].ok());
   EXPECT_EQ(out[4], data[4]);
   EXPECT_EQ(tier->remote_stats().corruptions, 4u);
+  // The same count reaches the tier's stats (and from there the Cache's stats and /metrics).
+  uint64_t counted = 0;
+  for (const auto& c : tier->stats().counters) {
+    if (std::string_view(c.name) == "remote_corruptions") counted = c.value;
+  }
+  EXPECT_EQ(counted, 4u);
   // The tier dropped the bad values from Redis and said so.
   EXPECT_EQ(removed.size(), 4u);
   got = GetKeys(*tier, 5, 6, &out);

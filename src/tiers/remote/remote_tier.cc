@@ -155,4 +155,21 @@ RemoteStats RemoteTier::remote_stats() const {
   return s;
 }
 
+void RemoteTier::CountersImpl(std::vector<TierStats::Counter>* out) const {
+  const RemoteStats s = remote_stats();
+  out->insert(
+      out->end(),
+      {{"remote_connects", "Connections the remote tier opened", s.connects},
+       {"remote_connect_failures", "Connections that failed", s.connect_failures},
+       {"remote_moved", "MOVED redirects followed", s.moved},
+       {"remote_asks", "ASK redirects followed", s.asks},
+       {"remote_topology_refreshes", "CLUSTER SLOTS reads", s.topology_refreshes},
+       {"remote_breaker_opens", "Node circuit breakers opened", s.breaker_opens},
+       {"remote_fast_failures", "Calls refused by an open breaker", s.fast_failures},
+       {"remote_timeouts", "Node exchanges past their deadline", s.timeouts},
+       {"remote_io_failures", "Node exchanges that broke", s.io_failures},
+       {"remote_corruptions", "Values that failed verification and were deleted", s.corruptions},
+       {"remote_oom_rejections", "Writes refused by the server's maxmemory", s.oom_rejections}});
+}
+
 }  // namespace kvtier::remote

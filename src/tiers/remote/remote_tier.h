@@ -114,6 +114,7 @@ class RemoteTier final : public Tier {
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
   TierCapabilities CapabilitiesImpl() const override;
+  void CountersImpl(std::vector<TierStats::Counter>* out) const override;
 
  private:
   struct Node;
