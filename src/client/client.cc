@@ -529,9 +529,9 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
     } else {
       const uint64_t off = rr.offsets[i];
       const bool fits = arena && off + bb <= arena->bytes;
-      if (fits) CopyBlock(arena->base + off, blocks[i].data(), bb);
       commit.written.push_back(fits ? 1 : 0);
-      commit.checksums.push_back(fits ? Checksum64(blocks[i]) : 0);
+      commit.checksums.push_back(fits ? CopyBlockChecksum(arena->base + off, blocks[i].data(), bb)
+                                      : 0);
     }
   }
   if (commit.reservation_id == 0) return r;

@@ -39,7 +39,7 @@ double Pct(std::vector<double> v, double p) {
 struct ChildDaemon {
   pid_t pid = -1;
   std::string socket;
-  ChildDaemon(const CacheOptions& co, const std::string& path, bool verify_commit = true)
+  ChildDaemon(const CacheOptions& co, const std::string& path, bool verify_commit = false)
       : socket(path) {
     sigset_t set;
     sigemptyset(&set);
@@ -116,7 +116,7 @@ struct Opts {
   uint64_t rss_blocks = 1000000;
   std::string working_set = "128MiB";
   std::string phases = "data,lookup,memory";
-  bool no_verify_commit = false;
+  bool verify_commit = false;
 };
 
 int DataPlane(const Opts& o, nlohmann::json* out) {
@@ -125,7 +125,7 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
     const KvLayout l = *LayoutPreset("llama-3.1-8b", tokens);
     const size_t bb = l.bytes_per_block();
     const size_t n = std::max<size_t>(ws / bb, 4);
-    ChildDaemon d(HostOnly(l, n, true), TempSocket("dp"), !o.no_verify_commit);
+    ChildDaemon d(HostOnly(l, n, true), TempSocket("dp"), o.verify_commit);
     auto c = Connect(d, l);
     if (!c.ok()) {
       std::fprintf(stderr, "kvtier bench serve: %s\n", c.status().ToString().c_str());
@@ -183,7 +183,7 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
       for (auto [op, v] :
            {std::pair{"store", Pct(store, 0.5)}, std::pair{"load", Pct(load, 0.5)}}) {
         (*out)["data_plane"].push_back({{"op", op},
-                                        {"verify_commit", !o.no_verify_commit},
+                                        {"verify_commit", o.verify_commit},
                                         {"block_bytes", bb},
                                         {"threads", threads},
                                         {"gbps", v},
@@ -332,8 +332,8 @@ KVTIER_REGISTER_COMMAND(
                       "resident blocks for the memory figure, default 1M");
       app->add_option("--working-set", o->working_set,
                       "bytes per data-plane repetition, default 128MiB");
-      app->add_flag("--no-verify-commit", o->no_verify_commit,
-                    "daemon with serve.verify_commit off (store rows)");
+      app->add_flag("--verify-commit", o->verify_commit,
+                    "daemon with serve.verify_commit on (store rows)");
       app->add_option("--phases", o->phases, "which of data,lookup,memory to run (default all)");
       return [o] {
         nlohmann::json out;
