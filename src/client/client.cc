@@ -630,4 +630,15 @@ Result<uint64_t> Client::Flush() {
   return n;
 }
 
+Result<DropTenantResult> Client::DropTenant(std::string_view tenant) {
+  std::vector<std::byte> reply;
+  KVTIER_RETURN_IF_ERROR(impl_->Call(
+      serve::MsgType::kDropTenant, [&](Writer* w) { serve::EncodeDropTenant(tenant, w); }, &reply));
+  Reader rd(reply);
+  KVTIER_RETURN_IF_ERROR(Impl::ReplyStatus(&rd));
+  serve::DropTenantReply r;
+  KVTIER_RETURN_IF_ERROR(serve::DecodeDropTenantReply(&rd, &r));
+  return DropTenantResult{r.dropped, r.pinned};
+}
+
 }  // namespace kvtier

@@ -421,6 +421,25 @@ Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
   return r->Done("stats reply");
 }
 
+void EncodeDropTenant(std::string_view tenant, Writer* w) { w->Str(tenant); }
+
+Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant) {
+  Reader r(in);
+  r.Str(tenant);
+  return r.Done("drop-tenant");
+}
+
+void EncodeDropTenantReply(const DropTenantReply& m, Writer* w) {
+  w->U64(m.dropped);
+  w->U64(m.pinned);
+}
+
+Status DecodeDropTenantReply(Reader* r, DropTenantReply* m) {
+  r->U64(&m->dropped);
+  r->U64(&m->pinned);
+  return r->Done("drop-tenant reply");
+}
+
 Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
   switch (static_cast<MsgType>(type)) {
     case MsgType::kHello: {
@@ -453,10 +472,8 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
       return DecodeU64(payload, &v, "release");
     }
     case MsgType::kDropTenant: {
-      Reader r(payload);
       std::string t;
-      r.Str(&t);
-      return r.Done("drop-tenant");
+      return DecodeDropTenant(payload, &t);
     }
     case MsgType::kStats:
     case MsgType::kPing:

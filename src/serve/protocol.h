@@ -192,6 +192,11 @@ struct SessionReq {
   uint8_t event = 0;
 };
 
+struct DropTenantReply {
+  uint64_t dropped = 0;  // blocks dropped from at least one tier
+  uint64_t pinned = 0;   // blocks kept in a memory tier because a lease pins them
+};
+
 // Stats travel as their CacheStats fields plus the daemon's own counters.
 struct ServeCounters {
   uint64_t clients = 0, leases = 0, reservations = 0, refused = 0, disconnects = 0;
@@ -225,6 +230,10 @@ void EncodeSession(const SessionReq& m, Writer* w);
 Status DecodeSession(std::span<const std::byte> in, SessionReq* m);
 void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w);
 Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c);
+void EncodeDropTenant(std::string_view tenant, Writer* w);
+Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant);
+void EncodeDropTenantReply(const DropTenantReply& m, Writer* w);
+Status DecodeDropTenantReply(Reader* r, DropTenantReply* m);
 Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view what);
 
 // Decodes any request payload of `type` (what the daemon does first); for the fuzz target.

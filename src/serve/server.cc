@@ -26,13 +26,18 @@
 
 namespace kvtier::serve {
 
-BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root) {
+uint32_t TenantTag(std::string_view tenant) {
+  return static_cast<uint32_t>(XXH3_64bits(tenant.data(), tenant.size()));
+}
+
+BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root, uint32_t tenant_tag) {
   // XXH3-128 of the 16-byte key seeded by the root: its short-input path, ~2x cheaper than
-  // chaining 24 bytes, and still a hash (not a bijection a client could invert).
+  // chaining 24 bytes, and still a hash (not a bijection a client could invert). 96 of its bits
+  // stay; 32 carry the tenant.
   const uint64_t k[2] = {client_key.hi, client_key.lo};
   const XXH128_hash_t h =
       XXH3_128bits_withSeed(k, sizeof(k), root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
-  return BlockKey{h.high64, h.low64};
+  return BlockKey{h.high64, (h.low64 & 0xffffffffull) | (uint64_t{tenant_tag} << 32)};
 }
 
 namespace {
@@ -71,7 +76,8 @@ class Server::Impl {
     bool data_plane = false;
     Hello hello;
     std::string tenant;  // effective tenant
-    Mutex mu;            // leases and reservations: the connection's thread and the sweeper
+    uint32_t tenant_tag = 0;
+    Mutex mu;  // leases and reservations: the connection's thread and the sweeper
     std::map<uint64_t, Lease> leases KVTIER_GUARDED_BY(mu);
     std::map<uint64_t, Reservation> reservations KVTIER_GUARDED_BY(mu);
     std::string Name() const {
@@ -105,7 +111,13 @@ class Server::Impl {
   void EndAll(Conn* c);
   // The namespace root for a request's scope; InvalidArgument when the peer may not use it.
   Result<BlockKey> RootFor(const Conn& c, const Scope& scope) const;
+  static uint32_t TagFor(const Conn& c, const Scope& scope) {
+    return scope.tenant.empty() ? c.tenant_tag : TenantTag(scope.tenant);
+  }
+  Status OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w);
   Status CheckTenant(const Conn& c, const std::string& tenant, const std::string& token) const;
+  // Operator commands (flush, drop-tenant): the daemon's own user or root only.
+  static bool OperatorPeer(const Conn& c) { return c.peer.uid == getuid() || c.peer.uid == 0; }
   uint64_t LeaseNs() const { return uint64_t{lease_ms_.load()} * 1000000; }
 
   std::unique_ptr<Cache> cache_;
@@ -328,6 +340,7 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
   KVTIER_RETURN_IF_ERROR(CheckTenant(*c, h.tenant, h.token));
   c->hello = h;
   c->tenant = h.tenant;
+  c->tenant_tag = TenantTag(h.tenant);
   HelloReply r;
   r.block_bytes = c->data_plane ? mine.bytes_per_block() : 0;
   r.arena_bytes = c->data_plane ? host_->arena_bytes() : 0;
@@ -353,7 +366,8 @@ Result<LookupResult> Server::Impl::LookupRequest(const Conn& c, std::span<const 
     HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
   else
     keys = std::move(m.keys);
-  for (BlockKey& k : keys) k = InternalKey(k, root);
+  const uint32_t tag = TagFor(c, m.scope);
+  for (BlockKey& k : keys) k = InternalKey(k, root, tag);
   RequestOptions ro;
   ro.session_id = m.session_id;
   return cache_->LookupKeys(keys, ro);
@@ -447,7 +461,8 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   ReserveReq m;
   KVTIER_RETURN_IF_ERROR(DecodeReserve(in, &m));
   KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
-  for (BlockKey& k : m.keys) k = InternalKey(k, root);
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
   ReserveReply r;
   r.state.assign(m.keys.size(), static_cast<uint8_t>(SlotState::kNoRoom));
   r.offsets.assign(m.keys.size(), kNoOffset);
@@ -538,6 +553,22 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
   return Status::Ok();
 }
 
+Status Server::Impl::OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w) {
+  std::string tenant;
+  KVTIER_RETURN_IF_ERROR(DecodeDropTenant(in, &tenant));
+  if (!OperatorPeer(*c))
+    return Status::InvalidArgument("drop-tenant: only uid " + std::to_string(getuid()) +
+                                   " or root may drop a tenant; " + c->Name() + " may not");
+  const uint32_t tag = TenantTag(tenant);
+  DropTenantReply r;
+  r.dropped = CacheHooks::DropMatching(
+      *cache_, [tag](const BlockKey& k) { return HasTenantTag(k, tag); }, &r.pinned);
+  spdlog::info("{}: drop tenant '{}': {} blocks dropped, {} pinned kept", c->Name(), tenant,
+               r.dropped, r.pinned);
+  EncodeDropTenantReply(r, w);
+  return Status::Ok();
+}
+
 void Server::Impl::Serve(Conn* c) {
   FrameHeader h;
   std::vector<std::byte> payload;
@@ -613,8 +644,7 @@ void Server::Impl::Serve(Conn* c) {
       case MsgType::kPing:
         break;
       case MsgType::kFlush: {
-        // An operator's command: the daemon's own user or root only.
-        if (c->peer.uid != getuid() && c->peer.uid != 0) {
+        if (!OperatorPeer(*c)) {
           st = Status::InvalidArgument("flush: only uid " + std::to_string(getuid()) +
                                        " or root may flush; " + c->Name() + " may not");
           break;
@@ -625,7 +655,7 @@ void Server::Impl::Serve(Conn* c) {
         break;
       }
       case MsgType::kDropTenant:
-        st = Status::InvalidArgument("drop --tenant is not supported by this daemon yet");
+        st = OnDropTenant(c, payload, &w);
         break;
     }
     if (h.flags & kFlagNoReply) continue;
