@@ -98,8 +98,8 @@ class HostTier final : public Tier {
   // key -> slot, the key kept once, in keys_[slot] (8 + 16 bytes a slot, not a 24-byte map
   // slot at 3/4 load: ~17 bytes a block less outside the arena).
   uint32_t FindSlot(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {
-    const std::vector<BlockKey>& keys = keys_;
-    return map_.Find(key, [&keys](uint32_t s) -> const BlockKey& { return keys[s]; });
+    const BlockKey* keys = keys_.data();  // read under mu_ here; the lambda runs within
+    return map_.Find(key, [keys](uint32_t s) -> const BlockKey& { return keys[s]; });
   }
   // Maps key to slot unless key is resident; returns the resident slot or FlatIdMap::kNone.
   uint32_t InsertSlot(const BlockKey& key, uint32_t slot) KVTIER_REQUIRES(mu_);
