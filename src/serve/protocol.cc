@@ -259,11 +259,16 @@ Status DecodeLookup(std::span<const std::byte> in, LookupReq* m) {
 }
 
 void EncodeLookupReply(const LookupReply& m, Writer* w) {
-  w->U64(m.lease_id);
-  w->U32(m.total_blocks);
-  w->U32(static_cast<uint32_t>(m.source.size()));
-  w->Raw(m.source.data(), m.source.size());
-  w->Raw(m.offsets.data(), m.offsets.size() * 8);
+  EncodeLookupReply(m.lease_id, m.total_blocks, m.source, m.offsets, w);
+}
+
+void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
+                       std::span<const uint64_t> offsets, Writer* w) {
+  w->U64(lease_id);
+  w->U32(total_blocks);
+  w->U32(static_cast<uint32_t>(offsets.size()));
+  w->Raw(source.data(), offsets.size());
+  w->Raw(offsets.data(), offsets.size() * 8);
 }
 
 Status DecodeLookupReply(Reader* r, LookupReply* m) {

@@ -213,6 +213,10 @@ void EncodeKeyLookup(std::string_view tenant, std::string_view lora_id, uint64_t
                      std::span<const BlockKey> keys, Writer* w);
 Status DecodeLookup(std::span<const std::byte> in, LookupReq* m);
 void EncodeLookupReply(const LookupReply& m, Writer* w);
+// The same reply from its parts (source.size() >= offsets.size(); the first offsets.size()
+// sources are sent), without building a LookupReply.
+void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
+                       std::span<const uint64_t> offsets, Writer* w);
 Status DecodeLookupReply(Reader* r, LookupReply* m);
 void EncodeLoad(const LoadReq& m, Writer* w);
 Status DecodeLoad(std::span<const std::byte> in, LoadReq* m);

@@ -80,6 +80,10 @@ class Server::Impl {
     Mutex mu;  // leases and reservations: the connection's thread and the sweeper
     std::map<uint64_t, Lease> leases KVTIER_GUARDED_BY(mu);
     std::map<uint64_t, Reservation> reservations KVTIER_GUARDED_BY(mu);
+    // The connection thread's own scratch, kept between requests so a long chain allocates
+    // nothing: the lookup or prefetch being served (decoded once) and its reply's offsets.
+    LookupReq lookup;
+    std::vector<uint64_t> offsets;
     std::string Name() const {
       return "client #" + std::to_string(id) + " (pid " + std::to_string(peer.pid) + ", uid " +
              std::to_string(peer.uid) + ")";
@@ -99,12 +103,13 @@ class Server::Impl {
 
   // Handlers: write the reply body into *w; a non-OK status becomes an error reply.
   Status OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd);
-  Result<LookupResult> LookupRequest(const Conn& c, std::span<const std::byte> in);
-  Status OnLookup(Conn* c, std::span<const std::byte> in, Writer* w);
+  // The decoded c->lookup, keyed under the connection's root (in place) and looked up.
+  Result<LookupResult> LookupRequest(Conn* c);
+  Status OnLookup(Conn* c, Writer* w);
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnReserve(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnCommit(Conn* c, std::span<const std::byte> in, Writer* w);
-  Status OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w);
+  Status OnPrefetch(Conn* c, Writer* w);
   // Offsets of lr's first n blocks, staging those below the arena into it first; from the
   // first block that cannot be staged on, kNoOffset.
   void Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets);
@@ -357,36 +362,31 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
 }
 
 // A lookup or prefetch request: its chain keyed under the connection's root, looked up (pinned).
-Result<LookupResult> Server::Impl::LookupRequest(const Conn& c, std::span<const std::byte> in) {
-  LookupReq m;
-  KVTIER_RETURN_IF_ERROR(DecodeLookup(in, &m));
-  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(c, m.scope));
-  std::vector<BlockKey> keys;
-  if (m.tokens)
-    HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
-  else
-    keys = std::move(m.keys);
-  const uint32_t tag = TagFor(c, m.scope);
-  for (BlockKey& k : keys) k = InternalKey(k, root, tag);
+Result<LookupResult> Server::Impl::LookupRequest(Conn* c) {
+  LookupReq& m = c->lookup;
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  if (m.tokens) HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &m.keys);
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
   RequestOptions ro;
   ro.session_id = m.session_id;
-  return cache_->LookupKeys(keys, ro);
+  return cache_->LookupKeys(m.keys, ro);
 }
 
-Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w) {
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
-  LookupReply r;
-  r.total_blocks = static_cast<uint32_t>(lr.keys.size());
-  r.source.assign(lr.source.begin(), lr.source.end());
-  r.offsets.resize(lr.hit_blocks);
-  host_->Offsets(std::span<const BlockKey>(lr.keys).first(lr.hit_blocks), r.offsets);
-  if (lr.hit_blocks > 0) {
-    r.lease_id = next_id_++;
+Status Server::Impl::OnLookup(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
+  const uint32_t total = static_cast<uint32_t>(lr.keys.size());
+  const uint32_t hit = lr.hit_blocks;
+  c->offsets.resize(hit);
+  host_->Offsets(std::span<const BlockKey>(lr.keys).first(hit), c->offsets);
+  // Encoded before lr moves into the lease (the reply reads its sources).
+  const uint64_t lease_id = hit > 0 ? next_id_++ : 0;
+  EncodeLookupReply(lease_id, total, lr.source, c->offsets, w);
+  if (hit > 0) {
     MutexLock cl(&c->mu);
-    c->leases.emplace(r.lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
+    c->leases.emplace(lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
     ++leases_now_;
   }
-  EncodeLookupReply(r, w);
   return Status::Ok();
 }
 
@@ -421,8 +421,8 @@ void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t>
   }
 }
 
-Status Server::Impl::OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w) {
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
+Status Server::Impl::OnPrefetch(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
   std::vector<uint64_t> offsets(lr.hit_blocks);
   Stage(lr, lr.hit_blocks, offsets);
   uint32_t staged = 0;
@@ -593,7 +593,9 @@ void Server::Impl::Serve(Conn* c) {
       why = std::string(MsgTypeName(h.type)) + " before hello";
       break;
     }
-    Status st = DecodeRequest(h.type, payload);
+    // A lookup or prefetch is decoded once, into the connection's scratch, for its handler.
+    const bool lookup = type == MsgType::kLookup || type == MsgType::kPrefetch;
+    Status st = lookup ? DecodeLookup(payload, &c->lookup) : DecodeRequest(h.type, payload);
     if (!st.ok()) {
       ++bad_frames_;
       why = st.message();
@@ -611,7 +613,7 @@ void Server::Impl::Serve(Conn* c) {
         said_hello = st.ok();
         break;
       case MsgType::kLookup:
-        st = OnLookup(c, payload, &w);
+        st = OnLookup(c, &w);
         break;
       case MsgType::kLoad:
         st = OnLoad(c, payload, &w);
@@ -623,7 +625,7 @@ void Server::Impl::Serve(Conn* c) {
         st = OnCommit(c, payload, &w);
         break;
       case MsgType::kPrefetch:
-        st = OnPrefetch(c, payload, &w);
+        st = OnPrefetch(c, &w);
         break;
       case MsgType::kRelease: {
         uint64_t id = 0;
