@@ -273,6 +273,10 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
     if (!st->caps.managed_by_cache) continue;
     const TierMask bit = TierMask{1} << st->index;
     MutexLock lock(&st->mu);
+    if (m.tier_prefix[st->index] >= hit) {  // the whole prefix: one call
+      st->policy->OnAccessChain(keys.first(hit), hint);
+      continue;
+    }
     for (uint32_t i = hit; i-- > 0;) {
       if (!(masks[i] & bit)) continue;
       hint.position = i;
