@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
@@ -69,6 +70,12 @@ struct DaemonStatus {
   uint64_t disconnects = 0;   // connections closed for a protocol error
 };
 
+// What `drop --tenant` did.
+struct DropTenantResult {
+  uint64_t dropped_blocks = 0;  // dropped from every tier that held them
+  uint64_t pinned_blocks = 0;   // kept in the arena because a lease pins them (retry later)
+};
+
 class Client final : public KvCache {
  public:
   // InvalidArgument for bad options, or when the daemon answers but refuses this client
@@ -109,6 +116,10 @@ class Client final : public KvCache {
   Result<DaemonStatus> GetDaemonStatus();
   // Drops every unpinned block of the daemon's memory tiers; returns how many.
   Result<uint64_t> Flush();
+  // Drops every block of `tenant`'s namespaces (any model, LoRA) that the daemon has indexed,
+  // from every tier, with removal events. The daemon's own uid or root only (InvalidArgument
+  // otherwise). See doc/serve.md for what an index that restarted does not know.
+  Result<DropTenantResult> DropTenant(std::string_view tenant);
 
   class Impl;
 

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,14 @@ class EvictionPolicy {
   virtual std::string_view name() const = 0;
   virtual void OnInsert(const BlockKey& key, const AccessHint& hint) = 0;
   virtual void OnAccess(const BlockKey& key, const AccessHint& hint) = 0;
+  // A hit on a whole chain prefix, keys[0..n) all resident: the same as OnAccess of each,
+  // last to first, with hint.position = i. A policy may get there in fewer steps.
+  virtual void OnAccessChain(std::span<const BlockKey> keys, AccessHint hint) {
+    for (size_t i = keys.size(); i-- > 0;) {
+      hint.position = static_cast<uint32_t>(i);
+      OnAccess(keys[i], hint);
+    }
+  }
   virtual void OnErase(const BlockKey& key) = 0;
   // Removes and returns the next victim for which evictable(key) is true (pinned blocks are
   // skipped and keep their place). nullopt when none qualifies.

@@ -166,6 +166,7 @@ class Cache::Impl {
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                          std::span<const uint64_t> checksums, uint32_t first_block);
   uint64_t ClearManaged();
+  uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 
   const CacheOptions options_;
   BlockKey default_root_;
@@ -272,6 +273,10 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
     if (!st->caps.managed_by_cache) continue;
     const TierMask bit = TierMask{1} << st->index;
     MutexLock lock(&st->mu);
+    if (m.tier_prefix[st->index] >= hit) {  // the whole prefix: one call
+      st->policy->OnAccessChain(keys.first(hit), hint);
+      continue;
+    }
     for (uint32_t i = hit; i-- > 0;) {
       if (!(masks[i] & bit)) continue;
       hint.position = i;
@@ -780,6 +785,39 @@ uint64_t Cache::Impl::ClearManaged() {
   return dropped;
 }
 
+uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& match,
+                                   uint64_t* pinned) {
+  std::vector<std::pair<BlockKey, TierMask>> found;
+  index_.Select(match, &found);
+  uint64_t dropped = 0;
+  *pinned = 0;
+  for (const auto& [key, mask] : found) {
+    bool any = false, held = false;
+    for (auto& stp : tiers_) {
+      TierState& st = *stp;
+      if (!(mask & (TierMask{1} << st.index))) continue;
+      const BlockKey k[1] = {key};
+      if (st.caps.managed_by_cache) {
+        MutexLock lock(&st.mu);
+        if (!index_.TryRemoveUnpinned(key, st.index)) {
+          held |= index_.IsPinned(key);
+          continue;
+        }
+        st.policy->OnErase(key);
+        (void)st.tier->Erase(k);
+      } else {
+        if (!index_.RemoveTier(key, st.index)) continue;
+        (void)st.tier->Erase(k);
+      }
+      any = true;
+      Emit(KvEvent::Type::kRemoved, key, st.index);
+    }
+    dropped += any;
+    *pinned += held;
+  }
+  return dropped;
+}
+
 bool CacheHooks::HasSharedHost(const Cache& cache) {
   if (cache.impl_->tiers_.empty()) return false;
   auto* host = dynamic_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
@@ -805,6 +843,11 @@ StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
 }
 
 uint64_t CacheHooks::ClearManaged(Cache& cache) { return cache.impl_->ClearManaged(); }
+
+uint64_t CacheHooks::DropMatching(Cache& cache, const std::function<bool(const BlockKey&)>& match,
+                                  uint64_t* pinned) {
+  return cache.impl_->DropMatching(match, pinned);
+}
 
 // --- Cache: thin forwarding and argument checks ---
 

@@ -8,6 +8,7 @@
 #define KVTIER_SRC_CACHE_CACHE_HOOKS_H_
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -39,6 +40,14 @@ class CacheHooks {
   // Drops every unpinned block of the cache-managed tiers (host, device, metadata), with
   // removal events. Returns how many blocks.
   static uint64_t ClearManaged(Cache& cache);
+
+  // Drops every indexed block whose key matches, from every tier holding it, with removal
+  // events; a block pinned in a cache-managed tier stays there (a reader holds it) and is
+  // counted in *pinned. Blocks of an unindexed lower tier (SSD blocks from before a restart,
+  // a shared remote's blocks this cache never saw) are not found. Returns the blocks dropped
+  // from at least one tier.
+  static uint64_t DropMatching(Cache& cache, const std::function<bool(const BlockKey&)>& match,
+                               uint64_t* pinned);
 };
 
 }  // namespace kvtier

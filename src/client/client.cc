@@ -529,9 +529,9 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
     } else {
       const uint64_t off = rr.offsets[i];
       const bool fits = arena && off + bb <= arena->bytes;
-      if (fits) CopyBlock(arena->base + off, blocks[i].data(), bb);
       commit.written.push_back(fits ? 1 : 0);
-      commit.checksums.push_back(fits ? Checksum64(blocks[i]) : 0);
+      commit.checksums.push_back(fits ? CopyBlockChecksum(arena->base + off, blocks[i].data(), bb)
+                                      : 0);
     }
   }
   if (commit.reservation_id == 0) return r;
@@ -628,6 +628,17 @@ Result<uint64_t> Client::Flush() {
   rd.U64(&n);
   KVTIER_RETURN_IF_ERROR(rd.Done("flush reply"));
   return n;
+}
+
+Result<DropTenantResult> Client::DropTenant(std::string_view tenant) {
+  std::vector<std::byte> reply;
+  KVTIER_RETURN_IF_ERROR(impl_->Call(
+      serve::MsgType::kDropTenant, [&](Writer* w) { serve::EncodeDropTenant(tenant, w); }, &reply));
+  Reader rd(reply);
+  KVTIER_RETURN_IF_ERROR(Impl::ReplyStatus(&rd));
+  serve::DropTenantReply r;
+  KVTIER_RETURN_IF_ERROR(serve::DecodeDropTenantReply(&rd, &r));
+  return DropTenantResult{r.dropped, r.pinned};
 }
 
 }  // namespace kvtier

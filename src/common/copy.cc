@@ -1,6 +1,9 @@
 #include "common/copy.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "hash/xxh3_wide.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -45,6 +48,25 @@ void CopyBlock(void* dst, const void* src, size_t n) {
 #else
   std::memcpy(dst, src, n);
 #endif
+}
+
+uint64_t CopyBlockChecksum(void* dst, const void* src, size_t n) {
+  // 64 KiB: large enough for CopyBlock's streaming stores, small enough to stay in L2.
+  constexpr size_t kChunk = 64 * 1024;
+  if (n <= kChunk) {
+    CopyBlock(dst, src, n);
+    return WideXxh3(src, n);
+  }
+  alignas(64) XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  auto* d = static_cast<std::byte*>(dst);
+  auto* s = static_cast<const std::byte*>(src);
+  for (size_t at = 0; at < n; at += kChunk) {
+    const size_t len = std::min(kChunk, n - at);
+    CopyBlock(d + at, s + at, len);
+    WideXxh3Update(&state, s + at, len);
+  }
+  return XXH3_64bits_digest(&state);
 }
 
 void CopyRange(std::span<const CopyJob> jobs, size_t begin, size_t end) {

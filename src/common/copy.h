@@ -24,6 +24,11 @@ namespace kvtier {
 // Copies n bytes; the ranges must not overlap.
 void CopyBlock(void* dst, const void* src, size_t n);
 
+// CopyBlock that also returns Checksum64 of the bytes (XXH3-64, seed 0). One pass over the
+// source: each chunk is checksummed while the copy has just brought it into cache, instead of
+// reading the whole source from memory twice.
+uint64_t CopyBlockChecksum(void* dst, const void* src, size_t n);
+
 struct CopyJob {
   std::byte* dst;
   const std::byte* src;

@@ -241,6 +241,16 @@ size_t BlockIndex::size() const {
   return n;
 }
 
+void BlockIndex::Select(const std::function<bool(const BlockKey&)>& match,
+                        std::vector<std::pair<BlockKey, TierMask>>* out) const {
+  for (int i = 0; i < num_shards_; ++i) {
+    ReaderLock lock(&shards_[i].mu);
+    shards_[i].map.ForEach([&](const BlockKey& k, const IndexEntry& e) {
+      if (e.tiers != 0 && match(k)) out->emplace_back(k, e.tiers);
+    });
+  }
+}
+
 PinSet::PinSet(PinSet&& other) noexcept : index_(other.index_), keys_(std::move(other.keys_)) {
   other.index_ = nullptr;
   other.keys_.clear();

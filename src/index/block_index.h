@@ -11,8 +11,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -93,6 +95,11 @@ class BlockIndex {
   PinSet Pin(std::span<const BlockKey> keys);
 
   size_t size() const;
+
+  // Appends to *out every key for which match(key) is true, with its tier mask: a snapshot
+  // taken one shard at a time (under that shard's shared lock; match must not call back).
+  void Select(const std::function<bool(const BlockKey&)>& match,
+              std::vector<std::pair<BlockKey, TierMask>>* out) const;
 
  private:
   friend class PinSet;

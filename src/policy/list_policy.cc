@@ -20,7 +20,7 @@ uint32_t ListPolicyBase::NewNode(const BlockKey& key, int l) {
 
 void ListPolicyBase::FreeNode(uint32_t n) {
   Unlink(n);
-  map_.Erase(nodes_[n].key);
+  map_.Erase(nodes_[n].key, n);
   free_nodes_.push_back(n);
 }
 

@@ -1,5 +1,6 @@
 // Building blocks of the list-based eviction policies (LRU, S3-FIFO, ARC): a pool of nodes
-// threaded on a few intrusive doubly linked lists, and one map from key to node.
+// threaded on a few intrusive doubly linked lists, and one map from key to node (a FlatIdMap:
+// the key lives once, in its node).
 //
 // Thread-safety: none (policies are serialised by their owner).
 #ifndef KVTIER_SRC_POLICY_LIST_POLICY_H_
@@ -12,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-#include "common/flat_map.h"
+#include "common/flat_id_map.h"
 #include "kvtier/policy.h"
 
 namespace kvtier {
@@ -45,8 +46,8 @@ class ListPolicyBase : public EvictionPolicy {
 
   // Node of key, or kNil.
   uint32_t Lookup(const BlockKey& key) const {
-    const uint32_t* n = map_.Find(key);
-    return n ? *n : kNil;
+    static_assert(kNil == FlatIdMap::kNone);
+    return map_.Find(key, [this](uint32_t n) -> const BlockKey& { return nodes_[n].key; });
   }
   uint32_t NewNode(const BlockKey& key, int list);  // pushed at the head of list
   void FreeNode(uint32_t n);                        // unlinked and unmapped
@@ -66,7 +67,7 @@ class ListPolicyBase : public EvictionPolicy {
   std::vector<Node> nodes_;
   std::vector<uint32_t> free_nodes_;
   std::array<List, kMaxLists> lists_{};
-  FlatKeyMap<uint32_t> map_;
+  FlatIdMap map_;
 };
 
 }  // namespace kvtier

@@ -17,6 +17,17 @@ class LruPolicy final : public ListPolicyBase {
       MoveToFront(n, 0);
   }
   void OnAccess(const BlockKey& key, const AccessHint& hint) override { OnInsert(key, hint); }
+  void OnAccessChain(std::span<const BlockKey> keys, AccessHint hint) override {
+    // A prefix hit again before anything else was touched is already the list's head in chain
+    // order, where touching it last to first would leave it: a walk instead of n moves.
+    uint32_t n = list(0).head;
+    size_t i = 0;
+    while (i < keys.size() && n != kNil && node(n).key == keys[i]) {
+      n = node(n).next;
+      ++i;
+    }
+    if (i < keys.size()) EvictionPolicy::OnAccessChain(keys, hint);
+  }
   void OnErase(const BlockKey& key) override {
     uint32_t n = Lookup(key);
     if (n != kNil) FreeNode(n);

@@ -259,11 +259,16 @@ Status DecodeLookup(std::span<const std::byte> in, LookupReq* m) {
 }
 
 void EncodeLookupReply(const LookupReply& m, Writer* w) {
-  w->U64(m.lease_id);
-  w->U32(m.total_blocks);
-  w->U32(static_cast<uint32_t>(m.source.size()));
-  w->Raw(m.source.data(), m.source.size());
-  w->Raw(m.offsets.data(), m.offsets.size() * 8);
+  EncodeLookupReply(m.lease_id, m.total_blocks, m.source, m.offsets, w);
+}
+
+void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
+                       std::span<const uint64_t> offsets, Writer* w) {
+  w->U64(lease_id);
+  w->U32(total_blocks);
+  w->U32(static_cast<uint32_t>(offsets.size()));
+  w->Raw(source.data(), offsets.size());
+  w->Raw(offsets.data(), offsets.size() * 8);
 }
 
 Status DecodeLookupReply(Reader* r, LookupReply* m) {
@@ -421,6 +426,25 @@ Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
   return r->Done("stats reply");
 }
 
+void EncodeDropTenant(std::string_view tenant, Writer* w) { w->Str(tenant); }
+
+Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant) {
+  Reader r(in);
+  r.Str(tenant);
+  return r.Done("drop-tenant");
+}
+
+void EncodeDropTenantReply(const DropTenantReply& m, Writer* w) {
+  w->U64(m.dropped);
+  w->U64(m.pinned);
+}
+
+Status DecodeDropTenantReply(Reader* r, DropTenantReply* m) {
+  r->U64(&m->dropped);
+  r->U64(&m->pinned);
+  return r->Done("drop-tenant reply");
+}
+
 Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
   switch (static_cast<MsgType>(type)) {
     case MsgType::kHello: {
@@ -453,10 +477,8 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
       return DecodeU64(payload, &v, "release");
     }
     case MsgType::kDropTenant: {
-      Reader r(payload);
       std::string t;
-      r.Str(&t);
-      return r.Done("drop-tenant");
+      return DecodeDropTenant(payload, &t);
     }
     case MsgType::kStats:
     case MsgType::kPing:

@@ -192,6 +192,11 @@ struct SessionReq {
   uint8_t event = 0;
 };
 
+struct DropTenantReply {
+  uint64_t dropped = 0;  // blocks dropped from at least one tier
+  uint64_t pinned = 0;   // blocks kept in a memory tier because a lease pins them
+};
+
 // Stats travel as their CacheStats fields plus the daemon's own counters.
 struct ServeCounters {
   uint64_t clients = 0, leases = 0, reservations = 0, refused = 0, disconnects = 0;
@@ -208,6 +213,10 @@ void EncodeKeyLookup(std::string_view tenant, std::string_view lora_id, uint64_t
                      std::span<const BlockKey> keys, Writer* w);
 Status DecodeLookup(std::span<const std::byte> in, LookupReq* m);
 void EncodeLookupReply(const LookupReply& m, Writer* w);
+// The same reply from its parts (source.size() >= offsets.size(); the first offsets.size()
+// sources are sent), without building a LookupReply.
+void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
+                       std::span<const uint64_t> offsets, Writer* w);
 Status DecodeLookupReply(Reader* r, LookupReply* m);
 void EncodeLoad(const LoadReq& m, Writer* w);
 Status DecodeLoad(std::span<const std::byte> in, LoadReq* m);
@@ -225,6 +234,10 @@ void EncodeSession(const SessionReq& m, Writer* w);
 Status DecodeSession(std::span<const std::byte> in, SessionReq* m);
 void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w);
 Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c);
+void EncodeDropTenant(std::string_view tenant, Writer* w);
+Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant);
+void EncodeDropTenantReply(const DropTenantReply& m, Writer* w);
+Status DecodeDropTenantReply(Reader* r, DropTenantReply* m);
 Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view what);
 
 // Decodes any request payload of `type` (what the daemon does first); for the fuzz target.

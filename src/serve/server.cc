@@ -26,13 +26,18 @@
 
 namespace kvtier::serve {
 
-BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root) {
+uint32_t TenantTag(std::string_view tenant) {
+  return static_cast<uint32_t>(XXH3_64bits(tenant.data(), tenant.size()));
+}
+
+BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root, uint32_t tenant_tag) {
   // XXH3-128 of the 16-byte key seeded by the root: its short-input path, ~2x cheaper than
-  // chaining 24 bytes, and still a hash (not a bijection a client could invert).
+  // chaining 24 bytes, and still a hash (not a bijection a client could invert). 96 of its bits
+  // stay; 32 carry the tenant.
   const uint64_t k[2] = {client_key.hi, client_key.lo};
   const XXH128_hash_t h =
       XXH3_128bits_withSeed(k, sizeof(k), root.hi ^ (root.lo * 0x9E3779B97F4A7C15ull));
-  return BlockKey{h.high64, h.low64};
+  return BlockKey{h.high64, (h.low64 & 0xffffffffull) | (uint64_t{tenant_tag} << 32)};
 }
 
 namespace {
@@ -71,9 +76,14 @@ class Server::Impl {
     bool data_plane = false;
     Hello hello;
     std::string tenant;  // effective tenant
-    Mutex mu;            // leases and reservations: the connection's thread and the sweeper
+    uint32_t tenant_tag = 0;
+    Mutex mu;  // leases and reservations: the connection's thread and the sweeper
     std::map<uint64_t, Lease> leases KVTIER_GUARDED_BY(mu);
     std::map<uint64_t, Reservation> reservations KVTIER_GUARDED_BY(mu);
+    // The connection thread's own scratch, kept between requests so a long chain allocates
+    // nothing: the lookup or prefetch being served (decoded once) and its reply's offsets.
+    LookupReq lookup;
+    std::vector<uint64_t> offsets;
     std::string Name() const {
       return "client #" + std::to_string(id) + " (pid " + std::to_string(peer.pid) + ", uid " +
              std::to_string(peer.uid) + ")";
@@ -93,19 +103,26 @@ class Server::Impl {
 
   // Handlers: write the reply body into *w; a non-OK status becomes an error reply.
   Status OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd);
-  Result<LookupResult> LookupRequest(const Conn& c, std::span<const std::byte> in);
-  Status OnLookup(Conn* c, std::span<const std::byte> in, Writer* w);
+  // The decoded c->lookup, keyed under the connection's root (in place) and looked up.
+  Result<LookupResult> LookupRequest(Conn* c);
+  Status OnLookup(Conn* c, Writer* w);
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnReserve(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnCommit(Conn* c, std::span<const std::byte> in, Writer* w);
-  Status OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w);
+  Status OnPrefetch(Conn* c, Writer* w);
   // Offsets of lr's first n blocks, staging those below the arena into it first; from the
   // first block that cannot be staged on, kNoOffset.
   void Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets);
   void EndAll(Conn* c);
   // The namespace root for a request's scope; InvalidArgument when the peer may not use it.
   Result<BlockKey> RootFor(const Conn& c, const Scope& scope) const;
+  static uint32_t TagFor(const Conn& c, const Scope& scope) {
+    return scope.tenant.empty() ? c.tenant_tag : TenantTag(scope.tenant);
+  }
+  Status OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w);
   Status CheckTenant(const Conn& c, const std::string& tenant, const std::string& token) const;
+  // Operator commands (flush, drop-tenant): the daemon's own user or root only.
+  static bool OperatorPeer(const Conn& c) { return c.peer.uid == getuid() || c.peer.uid == 0; }
   uint64_t LeaseNs() const { return uint64_t{lease_ms_.load()} * 1000000; }
 
   std::unique_ptr<Cache> cache_;
@@ -116,7 +133,7 @@ class Server::Impl {
   std::thread acceptor_, sweeper_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint32_t> lease_ms_{30000};
-  std::atomic<bool> verify_commit_{true};
+  std::atomic<bool> verify_commit_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> refused_{0}, bad_frames_{0}, leases_now_{0}, reservations_now_{0};
 
@@ -328,6 +345,7 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
   KVTIER_RETURN_IF_ERROR(CheckTenant(*c, h.tenant, h.token));
   c->hello = h;
   c->tenant = h.tenant;
+  c->tenant_tag = TenantTag(h.tenant);
   HelloReply r;
   r.block_bytes = c->data_plane ? mine.bytes_per_block() : 0;
   r.arena_bytes = c->data_plane ? host_->arena_bytes() : 0;
@@ -344,35 +362,31 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
 }
 
 // A lookup or prefetch request: its chain keyed under the connection's root, looked up (pinned).
-Result<LookupResult> Server::Impl::LookupRequest(const Conn& c, std::span<const std::byte> in) {
-  LookupReq m;
-  KVTIER_RETURN_IF_ERROR(DecodeLookup(in, &m));
-  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(c, m.scope));
-  std::vector<BlockKey> keys;
-  if (m.tokens)
-    HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &keys);
-  else
-    keys = std::move(m.keys);
-  for (BlockKey& k : keys) k = InternalKey(k, root);
+Result<LookupResult> Server::Impl::LookupRequest(Conn* c) {
+  LookupReq& m = c->lookup;
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  if (m.tokens) HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &m.keys);
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
   RequestOptions ro;
   ro.session_id = m.session_id;
-  return cache_->LookupKeys(keys, ro);
+  return cache_->LookupKeys(m.keys, ro);
 }
 
-Status Server::Impl::OnLookup(Conn* c, std::span<const std::byte> in, Writer* w) {
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
-  LookupReply r;
-  r.total_blocks = static_cast<uint32_t>(lr.keys.size());
-  r.source.assign(lr.source.begin(), lr.source.end());
-  r.offsets.resize(lr.hit_blocks);
-  host_->Offsets(std::span<const BlockKey>(lr.keys).first(lr.hit_blocks), r.offsets);
-  if (lr.hit_blocks > 0) {
-    r.lease_id = next_id_++;
+Status Server::Impl::OnLookup(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
+  const uint32_t total = static_cast<uint32_t>(lr.keys.size());
+  const uint32_t hit = lr.hit_blocks;
+  c->offsets.resize(hit);
+  host_->Offsets(std::span<const BlockKey>(lr.keys).first(hit), c->offsets);
+  // Encoded before lr moves into the lease (the reply reads its sources).
+  const uint64_t lease_id = hit > 0 ? next_id_++ : 0;
+  EncodeLookupReply(lease_id, total, lr.source, c->offsets, w);
+  if (hit > 0) {
     MutexLock cl(&c->mu);
-    c->leases.emplace(r.lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
+    c->leases.emplace(lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
     ++leases_now_;
   }
-  EncodeLookupReply(r, w);
   return Status::Ok();
 }
 
@@ -407,8 +421,8 @@ void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t>
   }
 }
 
-Status Server::Impl::OnPrefetch(Conn* c, std::span<const std::byte> in, Writer* w) {
-  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(*c, in));
+Status Server::Impl::OnPrefetch(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
   std::vector<uint64_t> offsets(lr.hit_blocks);
   Stage(lr, lr.hit_blocks, offsets);
   uint32_t staged = 0;
@@ -447,7 +461,8 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   ReserveReq m;
   KVTIER_RETURN_IF_ERROR(DecodeReserve(in, &m));
   KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
-  for (BlockKey& k : m.keys) k = InternalKey(k, root);
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
   ReserveReply r;
   r.state.assign(m.keys.size(), static_cast<uint8_t>(SlotState::kNoRoom));
   r.offsets.assign(m.keys.size(), kNoOffset);
@@ -538,6 +553,22 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
   return Status::Ok();
 }
 
+Status Server::Impl::OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w) {
+  std::string tenant;
+  KVTIER_RETURN_IF_ERROR(DecodeDropTenant(in, &tenant));
+  if (!OperatorPeer(*c))
+    return Status::InvalidArgument("drop-tenant: only uid " + std::to_string(getuid()) +
+                                   " or root may drop a tenant; " + c->Name() + " may not");
+  const uint32_t tag = TenantTag(tenant);
+  DropTenantReply r;
+  r.dropped = CacheHooks::DropMatching(
+      *cache_, [tag](const BlockKey& k) { return HasTenantTag(k, tag); }, &r.pinned);
+  spdlog::info("{}: drop tenant '{}': {} blocks dropped, {} pinned kept", c->Name(), tenant,
+               r.dropped, r.pinned);
+  EncodeDropTenantReply(r, w);
+  return Status::Ok();
+}
+
 void Server::Impl::Serve(Conn* c) {
   FrameHeader h;
   std::vector<std::byte> payload;
@@ -562,7 +593,9 @@ void Server::Impl::Serve(Conn* c) {
       why = std::string(MsgTypeName(h.type)) + " before hello";
       break;
     }
-    Status st = DecodeRequest(h.type, payload);
+    // A lookup or prefetch is decoded once, into the connection's scratch, for its handler.
+    const bool lookup = type == MsgType::kLookup || type == MsgType::kPrefetch;
+    Status st = lookup ? DecodeLookup(payload, &c->lookup) : DecodeRequest(h.type, payload);
     if (!st.ok()) {
       ++bad_frames_;
       why = st.message();
@@ -580,7 +613,7 @@ void Server::Impl::Serve(Conn* c) {
         said_hello = st.ok();
         break;
       case MsgType::kLookup:
-        st = OnLookup(c, payload, &w);
+        st = OnLookup(c, &w);
         break;
       case MsgType::kLoad:
         st = OnLoad(c, payload, &w);
@@ -592,7 +625,7 @@ void Server::Impl::Serve(Conn* c) {
         st = OnCommit(c, payload, &w);
         break;
       case MsgType::kPrefetch:
-        st = OnPrefetch(c, payload, &w);
+        st = OnPrefetch(c, &w);
         break;
       case MsgType::kRelease: {
         uint64_t id = 0;
@@ -613,8 +646,7 @@ void Server::Impl::Serve(Conn* c) {
       case MsgType::kPing:
         break;
       case MsgType::kFlush: {
-        // An operator's command: the daemon's own user or root only.
-        if (c->peer.uid != getuid() && c->peer.uid != 0) {
+        if (!OperatorPeer(*c)) {
           st = Status::InvalidArgument("flush: only uid " + std::to_string(getuid()) +
                                        " or root may flush; " + c->Name() + " may not");
           break;
@@ -625,7 +657,7 @@ void Server::Impl::Serve(Conn* c) {
         break;
       }
       case MsgType::kDropTenant:
-        st = Status::InvalidArgument("drop --tenant is not supported by this daemon yet");
+        st = OnDropTenant(c, payload, &w);
         break;
     }
     if (h.flags & kFlagNoReply) continue;

@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "kvtier/cache.h"
 #include "kvtier/status.h"
@@ -45,10 +46,19 @@ class Server {
   std::unique_ptr<Impl> impl_;
 };
 
+// 32 bits naming a tenant inside its internal keys (XXH3-64 of the name, low half).
+uint32_t TenantTag(std::string_view tenant);
+
 // The namespace-bound key a daemon stores for a client's chain key: the client's key mixed
 // with the connection's root, so a chain hashed under another tenant's root cannot name that
-// tenant's blocks.
-BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root);
+// tenant's blocks. The upper 32 bits of lo are the tenant's tag: `drop --tenant` finds a
+// tenant's blocks by it.
+BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root, uint32_t tenant_tag);
+
+// Whether an internal key carries tenant_tag.
+inline bool HasTenantTag(const BlockKey& internal_key, uint32_t tenant_tag) {
+  return static_cast<uint32_t>(internal_key.lo >> 32) == tenant_tag;
+}
 
 }  // namespace kvtier::serve
 

@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     kvtier::serve::FrameHeader h;
     if (!kvtier::serve::DecodeHeader(in.first(kvtier::serve::kHeaderBytes), &h).ok()) {
       // A mutated header still exercises the payload decoders: decode the rest as its type.
-      (void)kvtier::serve::DecodeRequest(static_cast<uint16_t>(data[0] % 12),
+      (void)kvtier::serve::DecodeRequest(static_cast<uint16_t>(data[0] % 13),
                                          in.subspan(kvtier::serve::kHeaderBytes));
       return 0;
     }

@@ -618,7 +618,7 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   std::map<BlockKey, std::string> state;  // internal key -> last event
   auto all_removed = [&] {
     for (const BlockKey& k : keys) {
-      auto it = state.find(serve::InternalKey(k, root));
+      auto it = state.find(serve::InternalKey(k, root, serve::TenantTag("")));
       if (it == state.end() || it->second != "BlockRemoved") return false;
     }
     return true;
@@ -662,6 +662,101 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   EXPECT_GT(metrics["kvtier_tier_evictions_total{tier=\"host\"}"], 0);
   EXPECT_GE(metrics["kvtier_serve_clients"], 1);
   EXPECT_EQ(metrics.count("kvtier_serve_leases"), 1u);
+}
+
+// Runs the real CLI; returns its exit status and puts its stdout in *out.
+int RunCli(const std::string& args, std::string* out) {
+  FILE* f = popen((std::string(KVTIER_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (!f) return -1;
+  char buf[4096];
+  for (size_t r; (r = fread(buf, 1, sizeof(buf), f)) > 0;) out->append(buf, r);
+  const int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// `kvtier drop --tenant A` drops A's blocks from the arena and the SSD with a removal event
+// each, keeps a block a lease pins (and says so), and leaves tenant B's blocks, stored under
+// the very same token ids, alone.
+TEST_F(ServeTest, DropTenantDropsOnlyThatTenantFromEveryTier) {
+  Daemon d(dir_.path(), Config(64, dir_.path() + "/ssd", "  events_addr: tcp://127.0.0.1:*\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  const std::string endpoint = LogValue(d.Log(), "KV events on ", " \n");
+  ASSERT_FALSE(endpoint.empty()) << d.Log();
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv-events");
+  sub.set(zmq::sockopt::rcvtimeo, 50);
+  sub.connect(endpoint);
+  std::map<BlockKey, int> removed;  // internal key -> BlockRemoved events
+  auto receive = [&] {
+    zmq::message_t topic, seq, body;
+    if (!sub.recv(topic)) return false;
+    EXPECT_TRUE(sub.recv(seq));
+    EXPECT_TRUE(sub.recv(body));
+    msgpack::object_handle oh = msgpack::unpack(body.data<char>(), body.size());
+    const msgpack::object& ev = oh.get().via.array.ptr[1].via.array.ptr[0];
+    if (ev.via.array.ptr[0].as<std::string>() != "BlockRemoved") return true;
+    const msgpack::object& hash = ev.via.array.ptr[1].via.array.ptr[0];
+    BlockKey k;
+    for (int i = 0; i < 8; ++i) {
+      k.hi = k.hi << 8 | static_cast<uint8_t>(hash.via.bin.ptr[i]);
+      k.lo = k.lo << 8 | static_cast<uint8_t>(hash.via.bin.ptr[8 + i]);
+    }
+    ++removed[k];
+    return true;
+  };
+  auto a = Client::Open(Opts(d, "A"));
+  auto b = Client::Open(Opts(d, "B"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  // Events published before the subscription lands are lost: probe until one arrives.
+  uint32_t probe = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        StoreChain(**b, 9000 + probe++, 1);
+        return receive();
+      },
+      5000));
+  ASSERT_EQ(StoreChain(**a, 3, 6).stored_blocks, 6u);
+  ASSERT_EQ(StoreChain(**b, 3, 6).stored_blocks, 6u);
+  auto lease = (*a)->Lookup(Tokens(2 * SmallLayout().block_tokens, 3));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->hit_blocks, 2u);
+
+  std::string out;
+  ASSERT_EQ(RunCli("drop --tenant A --socket " + d.socket(), &out), 0) << out;
+  EXPECT_NE(out.find("dropped 6 blocks of tenant 'A'; 2 pinned"), std::string::npos) << out;
+  lease->pins.Release();
+  EXPECT_EQ(LoadChain(**a, 3, 6), 2);  // the pinned two stayed in the arena (not on SSD)
+  ASSERT_TRUE((*a)->Ping().ok());      // the daemon has taken the one-way releases before it
+  out.clear();
+  ASSERT_EQ(RunCli("drop --tenant A --socket " + d.socket(), &out), 0) << out;
+  EXPECT_NE(out.find("dropped 2 blocks of tenant 'A'\n"), std::string::npos) << out;
+  EXPECT_EQ(LoadChain(**a, 3, 6), 0);
+  EXPECT_EQ(LoadChain(**b, 3, 6), 6);
+
+  // A removal event per tier for each of A's blocks (arena and SSD), none for B's.
+  std::vector<BlockKey> keys;
+  HashPrefix((*a)->Root(), SmallLayout().block_tokens, Tokens(6 * SmallLayout().block_tokens, 3),
+             &keys);
+  auto all_seen = [&] {
+    for (const BlockKey& k : keys)
+      if (removed[serve::InternalKey(k, (*a)->Root(), serve::TenantTag("A"))] < 2) return false;
+    return true;
+  };
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        while (receive()) {
+        }
+        return all_seen();
+      },
+      5000));
+  for (const BlockKey& k : keys)
+    EXPECT_EQ(removed[serve::InternalKey(k, (*a)->Root(), serve::TenantTag("A"))], 2);
+  keys.clear();
+  HashPrefix((*b)->Root(), SmallLayout().block_tokens, Tokens(6 * SmallLayout().block_tokens, 3),
+             &keys);
+  for (const BlockKey& k : keys)
+    EXPECT_EQ(removed.count(serve::InternalKey(k, (*b)->Root(), serve::TenantTag("B"))), 0u);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvtier/block_key.h"
 #include "testing/test_util.h"
 
 namespace kvtier {
@@ -29,6 +30,23 @@ TEST(CopyBlockTest, EveryByteAndNothingBeyond) {
       for (size_t i = 0; i < 32 + misalign; ++i) ASSERT_EQ(dst[i], std::byte{0xAB}) << n;
       for (size_t i = 32 + misalign + n; i < dst.size(); ++i)
         ASSERT_EQ(dst[i], std::byte{0xAB}) << n;
+    }
+  }
+}
+
+// The fused copy returns exactly Checksum64 of the bytes, across its chunk boundaries and
+// tails, and copies as CopyBlock does.
+TEST(CopyBlockChecksumTest, SameBytesAndSameChecksumAsTwoPasses) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1023}, size_t{65535}, size_t{65536}, size_t{65537},
+                   (size_t{256} << 10) + 17, (size_t{2} << 20)}) {
+    for (size_t misalign : {size_t{0}, size_t{5}}) {
+      auto src = testing::MakeBlock(n + 8, static_cast<uint32_t>(n * 3 + misalign));
+      std::vector<std::byte> dst(n + 64, std::byte{0xCD});
+      const uint64_t sum = CopyBlockChecksum(dst.data() + 16 + misalign, src.data() + misalign, n);
+      ASSERT_EQ(sum, Checksum64(std::span(src).subspan(misalign, n))) << n << " +" << misalign;
+      ASSERT_EQ(std::memcmp(dst.data() + 16 + misalign, src.data() + misalign, n), 0) << n;
+      for (size_t i = 16 + misalign + n; i < dst.size(); ++i)
+        ASSERT_EQ(dst[i], std::byte{0xCD}) << n;
     }
   }
 }

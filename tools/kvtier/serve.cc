@@ -244,6 +244,34 @@ RunFn SetupFlush(CLI::App* app) {
   };
 }
 
+RunFn SetupDrop(CLI::App* app) {
+  auto socket = std::make_shared<std::string>();
+  auto tenant = std::make_shared<std::string>();
+  app->add_option("--socket", *socket, "the daemon's socket");
+  app->add_option("--tenant", *tenant,
+                  "the tenant whose blocks to drop (every model and LoRA it declared)")
+      ->required();
+  return [=] {
+    auto c = Operator(*socket, 10000);
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvtier drop: %s\n", c.status().message().c_str());
+      return 1;
+    }
+    auto r = (*c)->DropTenant(*tenant);
+    if (!r.ok()) {
+      std::fprintf(stderr, "kvtier drop: %s\n", r.status().message().c_str());
+      return 1;
+    }
+    std::printf("dropped %llu blocks of tenant '%s'", (unsigned long long)r->dropped_blocks,
+                tenant->c_str());
+    if (r->pinned_blocks)
+      std::printf("; %llu pinned by a lease stay in the arena (run again)",
+                  (unsigned long long)r->pinned_blocks);
+    std::printf("\n");
+    return 0;
+  };
+}
+
 }  // namespace
 
 KVTIER_REGISTER_COMMAND(serve, ({"serve"}), "Run the node daemon: one KV cache for every engine",
@@ -252,5 +280,7 @@ KVTIER_REGISTER_COMMAND(status, ({"status"}), "The daemon's tiers, occupancy, cl
                         SetupStatus);
 KVTIER_REGISTER_COMMAND(flush, ({"flush"}),
                         "Drop every unpinned block of the daemon's memory tiers", SetupFlush);
+KVTIER_REGISTER_COMMAND(drop, ({"drop"}),
+                        "Drop every block of one tenant from all of the daemon's tiers", SetupDrop);
 
 }  // namespace kvtier::cli

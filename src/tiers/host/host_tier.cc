@@ -102,7 +102,8 @@ HostTier::HostTier(const KvLayout& layout, const HostTierOptions& options, std::
       num_slots_(slots),
       pool_(options.threads) {
   WriterLock lock(&mu_);
-  map_.Reserve(slots);
+  map_ = FlatIdMap(slots);
+  keys_.resize(slots);
   free_.reserve(slots);
   // Lowest slots on top of the stack: a small working set stays at the arena's start.
   for (uint64_t i = slots; i-- > 0;) free_.push_back(static_cast<uint32_t>(i));
@@ -163,12 +164,13 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
   WriterLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     if (sc.slots[i] == kNoSlot) continue;
-    auto [slot, inserted] = map_.Insert(keys[i], sc.slots[i]);
-    if (!inserted && shared_) {  // others may be reading the old slot: it stays
+    const uint32_t old = InsertSlot(keys[i], sc.slots[i]);
+    if (old != FlatIdMap::kNone && shared_) {  // others may be reading the old slot: it stays
       free_.push_back(sc.slots[i]);
-    } else if (!inserted) {  // overwrite: the new copy replaces the old slot
-      free_.push_back(*slot);
-      *slot = sc.slots[i];
+    } else if (old != FlatIdMap::kNone) {  // overwrite: the new copy replaces the old slot
+      map_.Erase(keys[i], old);
+      free_.push_back(old);
+      (void)InsertSlot(keys[i], sc.slots[i]);
     }
   }
 }
@@ -184,12 +186,12 @@ void HostTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBl
                                            " bytes, want " + std::to_string(block_bytes()));
       continue;
     }
-    const uint32_t* slot = map_.Find(keys[i]);
-    if (!slot) {
+    const uint32_t slot = FindSlot(keys[i]);
+    if (slot == FlatIdMap::kNone) {
       results[i] = Status::NotFound(name() + ": block " + keys[i].ToHex() + " not resident");
       continue;
     }
-    sc.jobs.push_back({out[i].data(), SlotPtr(*slot), out[i].size()});
+    sc.jobs.push_back({out[i].data(), SlotPtr(slot), out[i].size()});
     results[i] = Status::Ok();
   }
   pool_.Run(sc.jobs);
@@ -197,17 +199,17 @@ void HostTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBl
 
 Status HostTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
   ReaderLock lock(&mu_);
-  for (size_t i = 0; i < keys.size(); ++i) out[i] = map_.Contains(keys[i]);
+  for (size_t i = 0; i < keys.size(); ++i) out[i] = FindSlot(keys[i]) != FlatIdMap::kNone;
   return Status::Ok();
 }
 
 Status HostTier::EraseImpl(std::span<const BlockKey> keys) {
   WriterLock lock(&mu_);
   for (const BlockKey& k : keys) {
-    uint32_t* slot = map_.Find(k);
-    if (!slot) continue;
-    free_.push_back(*slot);
-    map_.Erase(k);
+    const uint32_t slot = FindSlot(k);
+    if (slot == FlatIdMap::kNone) continue;
+    free_.push_back(slot);
+    map_.Erase(k, slot);
   }
   return Status::Ok();
 }
@@ -215,8 +217,8 @@ Status HostTier::EraseImpl(std::span<const BlockKey> keys) {
 void HostTier::Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) const {
   ReaderLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t* slot = map_.Find(keys[i]);
-    out[i] = slot ? SlotOffset(*slot) : kNoOffset;
+    const uint32_t slot = FindSlot(keys[i]);
+    out[i] = slot != FlatIdMap::kNone ? SlotOffset(slot) : kNoOffset;
   }
 }
 
@@ -239,10 +241,17 @@ void HostTier::PublishSlots(std::span<const BlockKey> keys, std::span<const uint
                             std::span<bool> published) {
   WriterLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto [slot, inserted] = map_.Insert(keys[i], slots[i]);
-    published[i] = inserted;
-    if (!inserted) free_.push_back(slots[i]);
+    published[i] = InsertSlot(keys[i], slots[i]) == FlatIdMap::kNone;
+    if (!published[i]) free_.push_back(slots[i]);
   }
+}
+
+uint32_t HostTier::InsertSlot(const BlockKey& key, uint32_t slot) {
+  const uint32_t old = FindSlot(key);
+  if (old != FlatIdMap::kNone) return old;
+  keys_[slot] = key;
+  map_.Insert(key, slot);
+  return FlatIdMap::kNone;
 }
 
 uint64_t HostTier::UsedBytesImpl() const {
