@@ -212,6 +212,8 @@ TEST(CacheAsyncTest, FailedBackgroundWritesAreCounted) {
   EXPECT_EQ(st->stored_blocks, 3u);  // the host has them
   cache->Flush();
   EXPECT_EQ(cache->stats().tiers[1].write_failures, 3u);
+  EXPECT_NE(cache->PrometheusText().find("kvtier_tier_write_failures_total{tier=\"ssd\"} 3\n"),
+            std::string::npos);
   EXPECT_EQ(rec.Stored(1), 0);
 }
 
