@@ -4,6 +4,14 @@
 //   Load(lookup, buffers)  -> copies them into the engine's blocks; failures -> recompute
 //   Store(tokens, blocks)  -> writes new full blocks down the tiers (write-through), or into the
 //                             first tier only with write-back of victims on eviction
+//   Flush()                -> waits for the background writes
+//
+// Asynchronous writes (CacheOptions::write_queue_blocks > 0, the default): Store copies into
+// the first byte-holding tier (host) and returns; a writer thread the Cache owns writes the
+// lower tiers from that copy, which stays pinned until written, in batches (one Put per tier),
+// and moves write-back victims down and promotes loaded blocks the same way. A block shows in a
+// lower tier (Lookup, events) only once that tier holds it. Failed background writes are
+// counted in CacheStats::PerTier::write_failures. on_event may be called from the writer.
 //
 // Every failure is per block: Load reports how many leading blocks it delivered and the caller
 // recomputes the rest; nothing here crashes or serves a block that failed its checksum.
@@ -61,6 +69,10 @@ struct CacheOptions {
   bool promote_on_load = true;   // a block loaded from a lower tier is copied into the first
   bool verify_checksums = true;  // checksum on Store; verify loads from verify_on_load tiers
   KvEventCallback on_event;
+  // Blocks queued for the background writer at most; a Store waits while the queue is full
+  // (backpressure). 0: every tier is written in the caller's thread before Store returns, and
+  // Load promotes in the caller's thread (the synchronous behaviour; deterministic).
+  uint32_t write_queue_blocks = 256;
 
   // OK, or InvalidArgument naming the field ("tiers[1].capacity_bytes: must be > 0").
   Status Validate() const;
@@ -92,9 +104,16 @@ class Cache final : public KvCache {
   // Copies lookup's first dst.size() hit blocks (dst.size() <= hit_blocks) into dst.
   // InvalidArgument when dst is longer than hit_blocks or a buffer has the wrong size.
   Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) override;
+  // Copies lookup's hit blocks [first, first + dst.size()) into dst, e.g. the tail the planner
+  // chose to load after recomputing the head; no second Lookup. loaded_blocks counts from
+  // first. InvalidArgument when the range passes hit_blocks or a buffer has the wrong size.
+  Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
+                          std::span<const MutableBlock> dst);
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
-  // more blocks than full blocks in tokens, or a buffer has the wrong size.
+  // more blocks than full blocks in tokens, or a buffer has the wrong size. With asynchronous
+  // writes, stored_blocks counts blocks the first byte-holding tier took or the writer queued
+  // (their later failures count in write_failures); the buffers may be reused on return.
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
                             uint32_t first_block = 0, const RequestOptions& request = {}) override;
   // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
@@ -104,6 +123,10 @@ class Cache final : public KvCache {
 
   // Session lifecycle hints for session-aware policies.
   void NotifySession(uint64_t session_id, SessionEvent event) override;
+
+  // Waits until every background write queued before the call (and what it cascades into)
+  // is done. Destroying the Cache also drains the queue first.
+  void Flush();
 
   CacheStats stats() const override;
   // Prometheus text exposition format (version 0.0.4) of stats().

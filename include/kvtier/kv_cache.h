@@ -91,9 +91,10 @@ struct CacheStats {
     uint64_t resident_blocks = 0;
     uint64_t hit_blocks = 0;  // blocks served by Lookup+Load from this tier
     uint64_t evictions = 0;
-    uint64_t writebacks = 0;   // victims moved down on eviction
-    uint64_t rejected = 0;     // refused by admission
-    uint64_t corruptions = 0;  // loads that failed verification
+    uint64_t writebacks = 0;      // victims moved down on eviction
+    uint64_t rejected = 0;        // refused by admission
+    uint64_t corruptions = 0;     // loads that failed verification
+    uint64_t write_failures = 0;  // background writes into this tier that failed
   };
   std::vector<PerTier> tiers;
   uint64_t lookups = 0;
@@ -103,6 +104,8 @@ struct CacheStats {
   uint64_t load_failed_blocks = 0;  // became recompute
   uint64_t stores = 0;
   uint64_t stored_blocks = 0;
+  uint64_t write_queue_waits = 0;   // Stores that waited for room in the write queue
+  uint64_t promotions_dropped = 0;  // promotions skipped because the write queue was full
   Histogram::Snapshot lookup_latency_ns;
   Histogram::Snapshot load_latency_ns;
   Histogram::Snapshot store_latency_ns;

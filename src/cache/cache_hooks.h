@@ -37,6 +37,11 @@ class CacheHooks {
                             std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
                             uint32_t first_block);
 
+  // Cache::Load, with the promotion of blocks from lower tiers into tier 0 done before it
+  // returns (the client reads them from the arena), not in the background.
+  static Result<LoadResult> LoadIntoHost(Cache& cache, const LookupResult& lookup,
+                                         std::span<const MutableBlock> dst);
+
   // Drops every unpinned block of the cache-managed tiers (host, device, metadata), with
   // removal events. Returns how many blocks.
   static uint64_t ClearManaged(Cache& cache);

@@ -90,6 +90,9 @@ std::string Cache::PrometheusText() const {
                [](const T& t) { return t.rejected; });
   tier_counter("kvtier_tier_corruptions_total", "counter", "Loads that failed verification",
                [](const T& t) { return t.corruptions; });
+  tier_counter("kvtier_tier_write_failures_total", "counter",
+               "Background writes into the tier that failed",
+               [](const T& t) { return t.write_failures; });
   tier_counter("kvtier_tier_used_bytes", "gauge", "Bytes resident in the tier",
                [](const T& t) { return t.tier.used_bytes; });
   tier_counter("kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier",
@@ -128,6 +131,10 @@ std::string Cache::PrometheusText() const {
   counter("kvtier_load_failed_blocks_total", "Blocks that failed to load (recomputed)",
           s.load_failed_blocks);
   counter("kvtier_stored_blocks_total", "Blocks newly stored", s.stored_blocks);
+  counter("kvtier_write_queue_waits_total", "Stores that waited for room in the write queue",
+          s.write_queue_waits);
+  counter("kvtier_promotions_dropped_total", "Promotions skipped: the write queue was full",
+          s.promotions_dropped);
   Header(&out, "kvtier_lookup_latency_seconds", "histogram", "Lookup latency");
   Histo(&out, "kvtier_lookup_latency_seconds", "", s.lookup_latency_ns);
   Header(&out, "kvtier_load_latency_seconds", "histogram", "Load latency");

@@ -411,7 +411,7 @@ void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t>
     scratch.resize(uint64_t{end - begin} * bb);
     std::vector<MutableBlock> dst;
     for (uint32_t i = 0; i < end - begin; ++i) dst.emplace_back(scratch.data() + i * bb, bb);
-    auto loaded = cache_->Load(part, dst);
+    auto loaded = CacheHooks::LoadIntoHost(*cache_, part, dst);
     host_->Offsets(keys.subspan(begin, end - begin), offsets.subspan(begin, end - begin));
     const uint32_t ok = loaded.ok() ? loaded->loaded_blocks : 0;
     if (ok < end - begin) {  // the rest of the prefix would be recomputed anyway

@@ -71,6 +71,8 @@ fi
 
 expect_json "bench host --json" host hash_ns_per_token match_1m_tokens_us -- \
   "$kvtier" bench host --json --reps 1 --working-set 8MiB
+expect_json "bench cache --json -" store reps -- \
+  "$kvtier" bench cache --json - --reps 1 --blocks 1 --dir "$work"
 expect_json "bench disk --json" disk config -- \
   "$kvtier" bench disk --dir "$work" --bytes 16MiB --chunks 2 --qd 1 --json
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -367,6 +368,16 @@ TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(StoreChain(**c, 9, 12).stored_blocks, 12u);
   EXPECT_EQ(LoadChain(**c, 9, 12), 12);
+  // The SSD is written in the background after the Store returns: kill the daemon only once
+  // the SSD has the chain (a kill before that loses those SSD copies, like the host's).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    auto st = StatusOf(d);
+    ASSERT_TRUE(st.ok());
+    if (st->cache.tiers[1].tier.puts >= 12) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the SSD never got the chain";
+    std::this_thread::yield();
+  }
   ASSERT_EQ(d.Signal(SIGKILL), 128 + SIGKILL);
   // Misses, within the deadline, never a hang.
   for (int i = 0; i < 3; ++i) {

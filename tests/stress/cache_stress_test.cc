@@ -1,7 +1,8 @@
-// 8 threads doing random Store / Lookup / Load with eviction over three tiers, one of which
-// corrupts reads at random. Every block's bytes are a function of its key, so the model of
-// what a Load must return is exact: any torn, stale or misplaced block fails the test, and a
-// corrupt one must never be served.
+// 8 threads doing random Store / Lookup / Load / Flush with eviction over three tiers, one of
+// which corrupts reads at random, while the background writer moves blocks down (small queues
+// make Stores wait for it; the Cache is destroyed with writes still queued). Every block's
+// bytes are a function of its key, so the model of what a Load must return is exact: any torn,
+// stale or misplaced block fails the test, and a corrupt one must never be served.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@ constexpr uint32_t kBt = 4;
 struct StressParams {
   WriteMode mode;
   const char* eviction;
+  uint32_t queue_blocks = 256;  // CacheOptions::write_queue_blocks; 0 = synchronous
 };
 
 class CacheStressTest : public ::testing::TestWithParam<StressParams> {};
@@ -56,7 +58,9 @@ uint64_t RunWorkload(Cache& cache, uint64_t bb, FaultyTier* faulty) {
         for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = session * 100000 + i;
         std::vector<BlockKey> keys;
         HashPrefix(cache.Root(), kBt, tokens, &keys);
-        if (rng() % 2) {
+        if (rng() % 50 == 0) {
+          cache.Flush();
+        } else if (rng() % 2) {
           std::vector<std::vector<std::byte>> data(blocks, std::vector<std::byte>(bb));
           std::vector<ConstBlock> views;
           for (size_t i = 0; i < blocks; ++i) {
@@ -119,6 +123,7 @@ TEST_P(CacheStressTest, EveryLoadMatchesTheModel) {
   CacheOptions o;
   o.layout = layout;
   o.write_mode = GetParam().mode;
+  o.write_queue_blocks = GetParam().queue_blocks;
   TierSpec hbm, dram;
   hbm.kind = "device";
   hbm.name = "hbm";
@@ -167,12 +172,20 @@ INSTANTIATE_TEST_SUITE_P(Modes, CacheStressTest,
                          ::testing::Values(StressParams{WriteMode::kWriteThrough, "lru"},
                                            StressParams{WriteMode::kWriteBack, "lru"},
                                            StressParams{WriteMode::kWriteThrough, "s3fifo"},
-                                           StressParams{WriteMode::kWriteBack, "arc"}),
+                                           StressParams{WriteMode::kWriteBack, "arc"},
+                                           StressParams{WriteMode::kWriteThrough, "lru", 4},
+                                           StressParams{WriteMode::kWriteBack, "lru", 4},
+                                           StressParams{WriteMode::kWriteThrough, "lru", 0},
+                                           StressParams{WriteMode::kWriteBack, "lru", 0}),
                          [](const auto& param_info) {
-                           return std::string(param_info.param.mode == WriteMode::kWriteBack
-                                                  ? "WriteBack_"
-                                                  : "WriteThrough_") +
-                                  param_info.param.eviction;
+                           const StressParams& p = param_info.param;
+                           std::string queue = p.queue_blocks == 256 ? ""
+                                               : p.queue_blocks == 0
+                                                   ? "_Sync"
+                                                   : "_Queue" + std::to_string(p.queue_blocks);
+                           return std::string(p.mode == WriteMode::kWriteBack ? "WriteBack_"
+                                                                              : "WriteThrough_") +
+                                  p.eviction + queue;
                          });
 
 }  // namespace

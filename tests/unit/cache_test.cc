@@ -163,6 +163,7 @@ TEST(CacheTest, WriteThroughServesFromTheLowerTierAfterEviction) {
   auto st = cache->Store(tokens, b.views);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->stored_blocks, 10u);
+  cache->Flush();  // the lower tier is written in the background
   auto lk = cache->Lookup(tokens);
   ASSERT_EQ(lk->hit_blocks, 10u);
   EXPECT_EQ(lk->blocks_by_tier[0], 4u);  // head still in the small tier
@@ -185,6 +186,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   auto tokens = Tokens(10 * kBt);
   Blocks b(*cache, tokens, 0, 10);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
+  cache->Flush();  // victims move down in the background
   CacheStats s = cache->stats();
   // The head stays in the first tier; the tail, which could not stay, went down.
   EXPECT_EQ(s.tiers[0].tier.used_bytes, 4 * bb);
@@ -194,6 +196,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   auto t2 = Tokens(4 * kBt, 700);
   Blocks b2(*cache, t2, 0, 4);
   ASSERT_TRUE(cache->Store(t2, b2.views).ok());
+  cache->Flush();
   s = cache->stats();
   EXPECT_EQ(s.tiers[0].writebacks, 10u);
   EXPECT_EQ(s.tiers[0].evictions, 4u);
@@ -204,6 +207,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   Buffers out(*cache, 10);
   EXPECT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 10u);
   ExpectBlockBytes(*cache, tokens, out, 10);
+  cache->Flush();  // the promotion runs in the background
   // Events: numbered 1..n without gaps.
   std::sort(events.begin(), events.end(),
             [](const KvEvent& x, const KvEvent& y) { return x.seq < y.seq; });
@@ -232,6 +236,7 @@ TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
     Blocks b(*cache, reqs.back(), 0, 2);
     ASSERT_TRUE(cache->Store(reqs.back(), b.views).ok());
   }
+  cache->Flush();
   EXPECT_GT(cache->stats().tiers[1].writebacks, 0u);  // the cascade happened
   for (const auto& t : reqs) {
     auto lk = cache->Lookup(t);
@@ -247,12 +252,15 @@ TEST(CacheTest, PromotionBringsLowerTierBlocksUp) {
   auto a = Tokens(6 * kBt), bt = Tokens(6 * kBt, 500);
   Blocks ba(*cache, a, 0, 6), bb(*cache, bt, 0, 6);
   ASSERT_TRUE(cache->Store(a, ba.views).ok());
+  cache->Flush();                                // a stays pinned in hbm until dram has it
   ASSERT_TRUE(cache->Store(bt, bb.views).ok());  // pushes most of a out of hbm
+  cache->Flush();
   auto lk = cache->Lookup(a);
   ASSERT_EQ(lk->hit_blocks, 6u);
   ASSERT_GT(lk->blocks_by_tier[1], 0u);
   Buffers out(*cache, 6);
   ASSERT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 6u);
+  cache->Flush();  // the promotion runs in the background
   lk = cache->Lookup(a);
   EXPECT_EQ(lk->blocks_by_tier[0], 6u);  // promoted
 }
@@ -263,6 +271,7 @@ TEST(CacheTest, CorruptLowerTierBlockIsNeverServed) {
   auto tokens = Tokens(6 * kBt);
   Blocks b(*cache, tokens, 0, 6);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
+  cache->Flush();
   auto lk = cache->Lookup(tokens);
   ASSERT_EQ(lk->hit_blocks, 6u);
   ASSERT_EQ(lk->blocks_by_tier[0], 2u);
@@ -284,6 +293,7 @@ TEST(CacheTest, CorruptCopyFallsBackToAnotherTier) {
   auto tokens = Tokens(3 * kBt);
   Blocks b(*cache, tokens, 0, 3);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
+  cache->Flush();
   faulty->corrupt_reads = true;
   auto lk = cache->Lookup(tokens);
   Buffers out(*cache, 3);
@@ -398,6 +408,7 @@ TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
   Blocks bs(*cache, short_req, 0, 2), bl(*cache, long_req, 0, 8);
   ASSERT_TRUE(cache->Store(short_req, bs.views).ok());
   ASSERT_TRUE(cache->Store(long_req, bl.views).ok());
+  cache->Flush();
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].tier.puts, 8u);
   EXPECT_EQ(s.tiers[1].rejected, 2u);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "command.h"
+#include "subprocess.h"
 #include "tiers/remote/redis_url.h"
 #include "tiers/remote/remote_tier.h"
 
@@ -46,43 +47,6 @@ double Median(std::vector<double> v) {
   return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-std::string FindInPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::stringstream ss(std::string(path ? path : "") + ":/usr/bin:/usr/sbin");
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    if (!dir.empty() && access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
-  }
-  return "";
-}
-
-// fork + exec; stdout into *out when given (else /dev/null); the child dies with us.
-pid_t Spawn(const std::vector<std::string>& argv, int* out_fd) {
-  int pipefd[2] = {-1, -1};
-  if (out_fd != nullptr && pipe(pipefd) != 0) return -1;
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid != 0) {
-    if (out_fd != nullptr) {
-      close(pipefd[1]);
-      *out_fd = pipefd[0];
-    }
-    return pid;
-  }
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127);
-  int devnull = open("/dev/null", O_RDWR);
-  dup2(devnull, 0);
-  dup2(out_fd != nullptr ? pipefd[1] : devnull, 1);
-  dup2(devnull, 2);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execv(args[0], args.data());
-  _exit(127);
-}
-
-// Runs argv to completion; its stdout, or nullopt when it failed.
 double CpuSeconds(const rusage& ru) {
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
          1e-6 * (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
@@ -105,66 +69,6 @@ std::optional<std::string> RunCapture(const std::vector<std::string>& argv, doub
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return out;
 }
-
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-// A redis-server of our own for the run.
-class OwnServer {
- public:
-  ~OwnServer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      int st;
-      waitpid(pid_, &st, 0);
-    }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
-  Status Start() {
-    std::string bin = FindInPath("redis-server");
-    if (bin.empty()) return Status::Unavailable("redis-server not found in PATH (give --url)");
-    char templ[] = "/tmp/kvtier-bench-redis-XXXXXX";
-    if (mkdtemp(templ) == nullptr) return Status::Internal("mkdtemp failed");
-    dir_ = templ;
-    port_ = FreeLoopbackPort();
-    pid_ = Spawn(
-        {bin, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-         "no", "--dir", dir_, "--daemonize", "no", "--logfile", dir_ + "/redis.log"},
-        nullptr);
-    auto until = Clock::now() + std::chrono::seconds(10);
-    while (Clock::now() < until) {
-      int fd = socket(AF_INET, SOCK_STREAM, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<uint16_t>(port_));
-      bool up = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-      close(fd);
-      if (up) return Status::Ok();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return Status::Unavailable("redis-server did not start on port " + std::to_string(port_));
-  }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
-
- private:
-  std::string dir_;
-  int port_ = 0;
-  pid_t pid_ = -1;
-};
 
 // Raw loopback TCP stream: one sender, one receiver, 1 MiB writes; best of three.
 double TcpLoopbackGbps(double seconds) {
@@ -378,12 +282,12 @@ struct Options {
 };
 
 int Run(const Options& opt) {
-  OwnServer own;
+  RedisServer own;
   std::string url_text = opt.url;
   if (url_text.empty()) {
     Status s = own.Start();
     if (!s.ok()) {
-      std::fprintf(stderr, "kvtier bench remote: %s\n", s.ToString().c_str());
+      std::fprintf(stderr, "kvtier bench remote: %s (or give --url)\n", s.ToString().c_str());
       return 1;
     }
     url_text = own.url();
