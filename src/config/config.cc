@@ -64,9 +64,9 @@ class Reader {
   }
   Result<bool> Bool(const YAML::Node& n, const std::string& path) const {
     KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
-    if (s == "true" || s == "yes" || s == "on") return true;
-    if (s == "false" || s == "no" || s == "off") return false;
-    return Error(n, path, "want true or false, got '" + s + "'");
+    std::optional<bool> b = ParseBoolWord(s);
+    if (!b) return Error(n, path, "want true or false, got '" + s + "'");
+    return *b;
   }
   Result<uint64_t> Size(const YAML::Node& n, const std::string& path) const {
     KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));

@@ -65,12 +65,6 @@ std::string ChoiceList(const std::vector<std::pair<std::string_view, std::string
   return out;
 }
 
-std::optional<bool> ParseBoolText(std::string_view v) {
-  if (v == "true" || v == "yes" || v == "on" || v == "1") return true;
-  if (v == "false" || v == "no" || v == "off" || v == "0") return false;
-  return std::nullopt;
-}
-
 // Text -> member; "" or why it is not a value of the field's type.
 template <class T>
 std::string Parse(const Field<T>& f, const std::string& v, T* out) {
@@ -78,7 +72,7 @@ std::string Parse(const Field<T>& f, const std::string& v, T* out) {
       [&](auto member) -> std::string {
         using V = std::remove_reference_t<decltype(out->*member)>;
         if constexpr (std::is_same_v<V, bool> || std::is_same_v<V, std::optional<bool>>) {
-          auto b = ParseBoolText(v);
+          auto b = ParseBoolWord(v);
           if (!b) return "'" + v + "' is not true or false";
           out->*member = *b;
         } else if constexpr (std::is_same_v<V, uint64_t>) {
@@ -282,6 +276,12 @@ std::vector<std::string> Keys(const std::vector<Field<T>>& table) {
 }
 
 }  // namespace
+
+std::optional<bool> ParseBoolWord(std::string_view v) {
+  if (v == "true" || v == "yes" || v == "on" || v == "1") return true;
+  if (v == "false" || v == "no" || v == "off" || v == "0") return false;
+  return std::nullopt;
+}
 
 Status HostTierParams::Validate() const { return Validated(HostTable(), *this); }
 Status DiskTierParams::Validate() const { return Validated(DiskTable(), *this); }

@@ -10,7 +10,9 @@
 #define KVTIER_SRC_CONFIG_TIER_PARAMS_H_
 
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "kvtier/cache.h"
 #include "kvtier/tier_options.h"
@@ -18,6 +20,10 @@
 namespace kvtier {
 
 using ParamMap = std::map<std::string, std::string>;
+
+// The config's one boolean vocabulary, for every bool key of the YAML and of params:
+// true|yes|on|1, false|no|off|0; nullopt for anything else.
+std::optional<bool> ParseBoolWord(std::string_view word);
 
 Result<HostTierParams> ReadHostTierParams(const ParamMap& params, std::string* bad_key = nullptr);
 Result<DiskTierParams> ReadDiskTierParams(const ParamMap& params, std::string* bad_key = nullptr);

@@ -321,6 +321,26 @@ TEST(ConfigTest, TypedDiskParamsOpenTheSameTierAsTheMap) {
   EXPECT_EQ(out, block);
 }
 
+// Top-level bools took yes/on but not 1/0, tier params the reverse: one vocabulary now.
+TEST(ConfigTest, EveryBoolKeyTakesTheSameWords) {
+  for (const char* word : {"false", "no", "off", "0"}) {
+    auto o = ParseCacheOptionsYaml(std::string("layout: {preset: llama-3.1-8b}\n"
+                                               "verify_checksums: ") +
+                                       word + "\npromote_on_load: " + word +
+                                       "\ntiers:\n  - {kind: host, capacity: 1GiB, params: "
+                                       "{prefault: " +
+                                       word + "}}\n",
+                                   "b.yaml");
+    ASSERT_TRUE(o.ok()) << word << ": " << o.status().ToString();
+    EXPECT_FALSE(o->verify_checksums) << word;
+    EXPECT_FALSE(o->promote_on_load) << word;
+    ASSERT_TRUE(o->tiers[0].host.has_value());
+    EXPECT_FALSE(o->tiers[0].host->prefault) << word;
+  }
+  ExpectError("layout: {preset: llama-3.1-8b}\nverify_checksums: nope\ntiers: []\n",
+              "bad.yaml:2: verify_checksums: want true or false, got 'nope'");
+}
+
 TEST(ConfigTest, LoadsAFile) {
   testing::TempDir dir;
   std::string path = dir.path() + "/kvtier.yaml";
