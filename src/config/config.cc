@@ -163,7 +163,7 @@ class Reader {
     std::string key;
     Status st;
     if (t->kind == "host" || t->kind == "device") {
-      auto r = ReadHostTierParams(t->params, &key);
+      auto r = HostParamsOf(*t, &key);  // names the kind: host or device
       if (r.ok()) t->host = *r;
       st = r.status();
     } else if (t->kind == "disk") {

@@ -305,7 +305,7 @@ Result<RemoteTierParams> ReadRemoteTierParams(const ParamMap& params, std::strin
 }
 
 Result<HostTierParams> HostParamsOf(const TierSpec& spec, std::string* bad_key) {
-  return ParamsOf(spec, spec.host, HostTable(), "host", bad_key);
+  return ParamsOf(spec, spec.host, HostTable(), spec.kind == "device" ? "device" : "host", bad_key);
 }
 Result<DiskTierParams> DiskParamsOf(const TierSpec& spec, std::string* bad_key) {
   return ParamsOf(spec, spec.disk, DiskTable(), "disk", bad_key);

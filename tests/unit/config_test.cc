@@ -118,6 +118,10 @@ TEST(ConfigTest, HostTierParamErrorsNameFileLineAndKey) {
               "huge_pages, pin)");
   ExpectError(head + "    threads: 99\n", "bad.yaml:5: tiers[0].threads: must be in 1..64");
   ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: device\n    capacity: 1GiB\n"
+      "    params: {pinned: true}\n",
+      "bad.yaml:5: tiers[0].params.pinned: unknown device tier param (known: prefault,");
+  ExpectError(
       "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: metadata\n    capacity: 1GiB\n"
       "    params: {pin: true}\n",
       "bad.yaml:5: tiers[0].params.pin: unknown metadata tier param (this kind takes none)");
