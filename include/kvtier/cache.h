@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@
 #include "kvtier/policy.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
+#include "kvtier/tier_options.h"
 
 namespace kvtier {
 
@@ -53,7 +55,11 @@ struct TierSpec {
   std::string eviction = "lru";  // for cache-managed tiers: see EvictionPolicyNames()
   AdmissionOptions admission;
   std::map<std::string, std::string> params;  // kind-specific settings (path, url, ...)
-  std::shared_ptr<Tier> instance;             // a pre-built tier; kind is then ignored
+  // The same settings typed (tier_options.h): at most the one of kind, and not with params.
+  std::optional<HostTierParams> host;  // kind host or device
+  std::optional<DiskTierParams> disk;
+  std::optional<RemoteTierParams> remote;
+  std::shared_ptr<Tier> instance;  // a pre-built tier; kind is then ignored
 };
 
 struct CacheOptions {

@@ -6,8 +6,8 @@
 #include <set>
 #include <sstream>
 
+#include "config/tier_params.h"
 #include "kvtier/config.h"
-#include "tiers/disk/disk_tier.h"
 #include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
@@ -64,9 +64,9 @@ class Reader {
   }
   Result<bool> Bool(const YAML::Node& n, const std::string& path) const {
     KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
-    if (s == "true" || s == "yes" || s == "on") return true;
-    if (s == "false" || s == "no" || s == "off") return false;
-    return Error(n, path, "want true or false, got '" + s + "'");
+    std::optional<bool> b = ParseBoolWord(s);
+    if (!b) return Error(n, path, "want true or false, got '" + s + "'");
+    return *b;
   }
   Result<uint64_t> Size(const YAML::Node& n, const std::string& path) const {
     KVTIER_ASSIGN_OR_RETURN(std::string s, String(n, path));
@@ -156,29 +156,44 @@ class Reader {
     return a;
   }
 
-  // A kind's parameters are checked here, where the line of each is known, by the same parser
-  // that opens the tier ("params.KEY: why" names the key).
-  Status CheckTierParams(const YAML::Node& n, const std::string& path, const TierSpec& t,
-                         const KvLayout& layout) const {
-    Status st;
-    if (t.kind == "disk") {
-      st = disk::DiskOptionsFromParams(t.params).status();
-    } else if (t.kind == "remote") {
-      st = remote::RemoteTierOptionsFromParams(t.name.empty() ? t.kind : t.name, layout,
-                                               t.capacity_bytes, t.params)
-               .status();
-    }
-    if (st.ok()) return st;
-    std::string msg = st.message();
-    const YAML::Node& params = n["params"];
+  // A kind's params are read here, where each key's line is known, by the reader MakeTier uses
+  // (config/tier_params.h), into the kind's typed struct.
+  Status ReadTierParams(const YAML::Node& n, const std::string& path, TierSpec* t,
+                        const KvLayout& layout) const {
     std::string key;
-    if (msg.starts_with("params.")) {
-      const size_t colon = msg.find(": ");
-      if (colon != std::string::npos) {
-        key = msg.substr(7, colon - 7);
-        msg = msg.substr(colon + 2);
+    Status st;
+    if (t->kind == "host" || t->kind == "device") {
+      auto r = HostParamsOf(*t, &key);  // names the kind: host or device
+      if (r.ok()) t->host = *r;
+      st = r.status();
+    } else if (t->kind == "disk") {
+      auto r = ReadDiskTierParams(t->params, &key);
+      if (r.ok()) t->disk = *r;
+      st = r.status();
+    } else if (t->kind == "remote") {
+      auto r = ReadRemoteTierParams(t->params, &key);
+      if (r.ok()) {
+        t->remote = *r;
+        // Checks that need the layout and capacity ("url: a cluster has only database 0").
+        st = remote::RemoteTierOptionsFrom(t->name.empty() ? t->kind : t->name, layout,
+                                           t->capacity_bytes, *r)
+                 .status();
+      } else {
+        st = r.status();
       }
+    } else {
+      st = CheckTierSpecParams(*t, &key);
     }
+    if (st.ok()) {
+      if (t->host || t->disk || t->remote) t->params.clear();
+      return st;
+    }
+    std::string msg(st.message());
+    if (key.empty() && msg.starts_with("params.") && msg.find(": ") != std::string::npos)
+      key = msg.substr(7, msg.find(": ") - 7);
+    const std::string prefix = "params." + key + ": ";
+    if (!key.empty() && msg.starts_with(prefix)) msg = msg.substr(prefix.size());
+    const YAML::Node& params = n["params"];
     if (!key.empty() && params && params.IsMap() && params[key]) {
       return Error(params[key], Join(Join(path, "params"), key), msg);
     }
@@ -221,7 +236,7 @@ class Reader {
         t.params[key] = value;
       }
     }
-    KVTIER_RETURN_IF_ERROR(CheckTierParams(n, path, t, layout));
+    KVTIER_RETURN_IF_ERROR(ReadTierParams(n, path, &t, layout));
     return t;
   }
 

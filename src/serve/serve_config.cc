@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "config/tier_params.h"
 #include "kvtier/config.h"
 #include "serve/serve_options.h"
 
@@ -103,9 +104,9 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   }
   if (n["verify_commit"]) {
     KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["verify_commit"], "serve.verify_commit"));
-    if (v != "true" && v != "false")
-      return Error(src, n["verify_commit"], "serve.verify_commit", "want true or false");
-    o.verify_commit = v == "true";
+    std::optional<bool> b = ParseBoolWord(v);
+    if (!b) return Error(src, n["verify_commit"], "serve.verify_commit", "want true or false");
+    o.verify_commit = *b;
   }
   if (n["max_clients"]) {
     KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n["max_clients"], "serve.max_clients"));

@@ -19,6 +19,7 @@
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "config/tier_params.h"
 #include "hash/xxh.h"
 #include "kvtier/client.h"
 #include "serve/socket_io.h"
@@ -756,15 +757,11 @@ Result<std::unique_ptr<Server>> Server::Start(CacheOptions cache, ServeOptions o
   ho.capacity_bytes = spec.capacity_bytes;
   ho.threads = spec.threads;
   ho.shared = true;
-  for (const auto& [k, v] : spec.params) {
-    if (k != "prefault" && k != "huge_pages" && k != "pin")
-      return Status::InvalidArgument("tiers[0].params." + k +
-                                     ": unknown (prefault, huge_pages, pin)");
-    const bool b = v == "true" || v == "yes" || v == "on" || v == "1";
-    if (k == "prefault") ho.prefault = b;
-    if (k == "huge_pages") ho.huge_pages = b;
-    if (k == "pin") ho.pin = b;
-  }
+  auto params = HostParamsOf(spec);
+  if (!params.ok()) return params.status().WithContext("tiers[0]");
+  ho.prefault = params->prefault;
+  ho.huge_pages = params->huge_pages;
+  ho.pin = params->pin.value_or(true);
   KVTIER_ASSIGN_OR_RETURN(auto host, HostTier::Open(cache.layout, ho));
   cache.tiers[0].instance = std::shared_ptr<Tier>(std::move(host));
   KVTIER_ASSIGN_OR_RETURN(auto c, Cache::Open(std::move(cache)));

@@ -1,6 +1,5 @@
 // MakeTier: builds a tier of a built-in kind from a TierSpec.
-#include <charconv>
-
+#include "config/tier_params.h"
 #include "kvtier/cache.h"
 #include "tiers/disk/disk_tier.h"
 #include "tiers/host/host_tier.h"
@@ -8,35 +7,6 @@
 #include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
-namespace {
-
-// Kind-specific params that a kind does not know are an error, named.
-Status CheckParams(const TierSpec& spec, std::initializer_list<std::string_view> known) {
-  for (const auto& [key, value] : spec.params) {
-    bool ok = false;
-    for (std::string_view k : known) ok |= key == k;
-    if (!ok) {
-      std::string list;
-      for (std::string_view k : known)
-        list += std::string(list.empty() ? "" : ", ") + std::string(k);
-      return Status::InvalidArgument(
-          "tier '" + spec.name + "': unknown param '" + key + "'" +
-          (list.empty() ? " (this kind takes none)" : " (known: " + list + ")"));
-    }
-  }
-  return Status::Ok();
-}
-
-Result<bool> BoolParam(const TierSpec& spec, const std::string& key, bool fallback) {
-  auto it = spec.params.find(key);
-  if (it == spec.params.end()) return fallback;
-  if (it->second == "true" || it->second == "1" || it->second == "yes") return true;
-  if (it->second == "false" || it->second == "0" || it->second == "no") return false;
-  return Status::InvalidArgument("tier '" + spec.name + "'.params." + key +
-                                 ": want true/false, got '" + it->second + "'");
-}
-
-}  // namespace
 
 std::vector<std::string> TierKindNames() {
   return {"device", "host", "metadata", "disk", "remote"};
@@ -46,21 +16,22 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
   const std::string name = spec.name.empty() ? spec.kind : spec.name;
   TierSpec named = spec;
   named.name = name;
+  // Every kind's params go through the one reader (config/tier_params.h) first.
+  if (Status s = CheckTierSpecParams(named); !s.ok()) return s.WithContext("tier '" + name + "'");
   if (spec.kind == "host" || spec.kind == "device") {
-    KVTIER_RETURN_IF_ERROR(CheckParams(named, {"prefault", "huge_pages", "pin"}));
+    KVTIER_ASSIGN_OR_RETURN(HostTierParams p, HostParamsOf(named));
     HostTierOptions o;
     o.name = name;
     o.kind = spec.kind == "host" ? TierKind::kHost : TierKind::kDevice;
     o.capacity_bytes = spec.capacity_bytes;
     o.threads = spec.threads;
-    KVTIER_ASSIGN_OR_RETURN(o.prefault, BoolParam(named, "prefault", true));
-    KVTIER_ASSIGN_OR_RETURN(o.huge_pages, BoolParam(named, "huge_pages", true));
-    KVTIER_ASSIGN_OR_RETURN(o.pin, BoolParam(named, "pin", spec.kind == "host"));
+    o.prefault = p.prefault;
+    o.huge_pages = p.huge_pages;
+    o.pin = p.pin.value_or(spec.kind == "host");
     KVTIER_ASSIGN_OR_RETURN(auto tier, HostTier::Open(layout, o));
     return std::unique_ptr<Tier>(std::move(tier));
   }
   if (spec.kind == "metadata") {
-    KVTIER_RETURN_IF_ERROR(CheckParams(named, {}));
     KVTIER_ASSIGN_OR_RETURN(auto tier, MetadataTier::Open(layout, name, spec.capacity_bytes));
     return std::unique_ptr<Tier>(std::move(tier));
   }
@@ -70,8 +41,8 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
     return std::move(tier).value();
   }
   if (spec.kind == "remote") {
-    // Params (url, timeout_ms, ttl_s, user, password, ...) are checked and named there.
-    auto o = remote::RemoteTierOptionsFromParams(name, layout, spec.capacity_bytes, spec.params);
+    KVTIER_ASSIGN_OR_RETURN(RemoteTierParams p, RemoteParamsOf(named));
+    auto o = remote::RemoteTierOptionsFrom(name, layout, spec.capacity_bytes, p);
     if (!o.ok()) return o.status().WithContext("tier '" + name + "'");
     KVTIER_ASSIGN_OR_RETURN(auto tier, remote::RemoteTier::Open(std::move(o).value()));
     return std::unique_ptr<Tier>(std::move(tier));

@@ -471,7 +471,7 @@ TEST(CacheTest, InvalidOptionsNameTheKey) {
   EXPECT_NE(s.message().find("unknown kind 'tape'"), std::string::npos);
   o.tiers = {Host(4)};
   o.tiers[0].params["flavour"] = "x";
-  EXPECT_NE(open(o).message().find("unknown param 'flavour'"), std::string::npos);
+  EXPECT_NE(open(o).message().find("params.flavour: unknown host tier param"), std::string::npos);
   o.tiers = {Host(4)};
   o.layout.head_dim = 0;
   EXPECT_NE(open(o).message().find("head_dim"), std::string::npos);

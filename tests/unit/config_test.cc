@@ -4,7 +4,9 @@
 
 #include <fstream>
 
+#include "config/tier_params.h"
 #include "testing/test_util.h"
+#include "tiers/disk/disk_tier.h"
 
 namespace kvtier {
 namespace {
@@ -103,6 +105,244 @@ TEST(ConfigTest, TierParameterErrorsNameFileLineAndKey) {
       "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: remote\n    capacity: 1GiB\n"
       "    params: {url: 'redis://127.0.0.1:6379', timeout_ms: soon}\n",
       "bad.yaml:5: tiers[0].params.timeout_ms:");
+}
+
+// Host params were read only when the tier opened, with no file or line.
+TEST(ConfigTest, HostTierParamErrorsNameFileLineAndKey) {
+  const std::string head =
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: host\n    capacity: 1GiB\n";
+  ExpectError(head + "    params:\n      pin: false\n      prefault: maybe\n",
+              "bad.yaml:7: tiers[0].params.prefault: 'maybe' is not true or false");
+  ExpectError(head + "    params:\n      pinned: false\n",
+              "bad.yaml:6: tiers[0].params.pinned: unknown host tier param (known: prefault, "
+              "huge_pages, pin)");
+  ExpectError(head + "    threads: 99\n", "bad.yaml:5: tiers[0].threads: must be in 1..64");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: device\n    capacity: 1GiB\n"
+      "    params: {pinned: true}\n",
+      "bad.yaml:5: tiers[0].params.pinned: unknown device tier param (known: prefault,");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: metadata\n    capacity: 1GiB\n"
+      "    params: {pin: true}\n",
+      "bad.yaml:5: tiers[0].params.pin: unknown metadata tier param (this kind takes none)");
+}
+
+TEST(ConfigTest, DiskTierParamErrorsNameFileLineAndKey) {
+  const std::string head =
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - {kind: host, capacity: 1GiB}\n"
+      "  - kind: disk\n    capacity: 1GiB\n    params:\n      path: /tmp/x\n";
+  ExpectError(head + "      queue_depth: 0\n",
+              "bad.yaml:8: tiers[1].params.queue_depth: '0' is not an integer in [1, 4096]");
+  ExpectError(head + "      sync: sometimes\n",
+              "bad.yaml:8: tiers[1].params.sync: 'sometimes' is not none, batch or interval");
+  ExpectError(head + "      direct_io: perhaps\n",
+              "bad.yaml:8: tiers[1].params.direct_io: 'perhaps' is not true or false");
+  ExpectError(head + "      sync: interval\n      sync_interval_ms: 0\n",
+              "bad.yaml:9: tiers[1].params.sync_interval_ms: must be > 0 with sync=interval");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: disk\n    capacity: 1GiB\n"
+      "    params: {io: uring}\n",
+      "bad.yaml:5: tiers[0].params.path: the disk tier needs a directory");
+}
+
+TEST(ConfigTest, RemoteTierParamErrorsNameFileLineAndKey) {
+  const std::string head =
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: remote\n    capacity: 1GiB\n"
+      "    params:\n      url: redis://127.0.0.1:6379\n";
+  ExpectError(head + "      timeout_ms: 0\n",
+              "bad.yaml:7: tiers[0].params.timeout_ms: '0' is not an integer in [1, 2147483647]");
+  ExpectError(head + "      mode: ring\n",
+              "bad.yaml:7: tiers[0].params.mode: 'ring' is not auto, single or cluster");
+  ExpectError(head + "      lazy_connect: sometimes\n",
+              "bad.yaml:7: tiers[0].params.lazy_connect: 'sometimes' is not true or false");
+  ExpectError(head + "      timeout: 5\n",
+              "bad.yaml:7: tiers[0].params.timeout: unknown remote tier param (known: url, user,");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: remote\n    capacity: 1GiB\n"
+      "    params:\n      mode: cluster\n      url: redis://127.0.0.1:6379/3\n",
+      "bad.yaml:7: tiers[0].params.url: a cluster has only database 0");
+  ExpectError(head + "      key_prefix: '{a}'\n",
+              "bad.yaml:7: tiers[0].params.key_prefix: must not contain '{' or '}'");
+}
+
+// The YAML, a params map and the typed struct are one vocabulary: each gives the same settings.
+TEST(ConfigTest, TypedParamsAndParamsMapAgree) {
+  auto o = ParseCacheOptionsYaml(R"(
+layout: {preset: llama-3.1-8b}
+tiers:
+  - {kind: host, capacity: 64MiB, params: {prefault: no, huge_pages: off, pin: 0}}
+  - kind: disk
+    capacity: 1GiB
+    params: {path: /tmp/kv, segment_bytes: 64MiB, buffer_bytes: 8MiB, queue_depth: 7,
+             sync: interval, sync_interval_ms: 20, io: pread, register_buffers: false,
+             direct_io: false, reinsert_hot: false}
+  - kind: remote
+    capacity: 1GiB
+    params: {url: 'redis://h:1', user: u, password: p, mode: single, key_prefix: 'kv:',
+             ttl_s: 60, connect_timeout_ms: 50, timeout_ms: 250, max_redirects: 2,
+             max_idle_connections: 3, breaker_failures: 4, breaker_backoff_ms: 10,
+             breaker_max_backoff_ms: 90, lazy_connect: true, connections_per_node: 5,
+             set_window: 6, get_window: 0}
+)",
+                                 "t.yaml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_EQ(o->tiers.size(), 3u);
+
+  HostTierParams host;
+  host.prefault = false;
+  host.huge_pages = false;
+  host.pin = false;
+  ASSERT_TRUE(o->tiers[0].host.has_value());
+  EXPECT_EQ(*o->tiers[0].host, host);
+  EXPECT_TRUE(o->tiers[0].params.empty());
+  auto host_map = ReadHostTierParams({{"prefault", "false"}, {"huge_pages", "0"}, {"pin", "no"}});
+  ASSERT_TRUE(host_map.ok()) << host_map.status().ToString();
+  EXPECT_EQ(*host_map, host);
+
+  DiskTierParams disk;
+  disk.path = "/tmp/kv";
+  disk.segment_bytes = 64u << 20;
+  disk.buffer_bytes = 8u << 20;
+  disk.queue_depth = 7;
+  disk.sync = "interval";
+  disk.sync_interval_ms = 20;
+  disk.io = "sync";  // "pread" is its alias
+  disk.register_buffers = false;
+  disk.direct_io = false;
+  disk.reinsert_hot = false;
+  ASSERT_TRUE(o->tiers[1].disk.has_value());
+  EXPECT_EQ(*o->tiers[1].disk, disk);
+  auto disk_map = ReadDiskTierParams({{"path", "/tmp/kv"},
+                                      {"segment_bytes", "67108864"},
+                                      {"buffer_bytes", "8MiB"},
+                                      {"queue_depth", "7"},
+                                      {"sync", "interval"},
+                                      {"sync_interval_ms", "20"},
+                                      {"io", "sync"},
+                                      {"register_buffers", "off"},
+                                      {"direct_io", "false"},
+                                      {"reinsert_hot", "no"}});
+  ASSERT_TRUE(disk_map.ok()) << disk_map.status().ToString();
+  EXPECT_EQ(*disk_map, disk);
+  // Every key of the table was set away from its default, so none is silently dropped.
+  EXPECT_EQ(TierParamKeys("disk").size(), 10u);
+
+  RemoteTierParams remote;
+  remote.url = "redis://h:1";
+  remote.user = "u";
+  remote.password = "p";
+  remote.mode = "single";
+  remote.key_prefix = "kv:";
+  remote.ttl_s = 60;
+  remote.connect_timeout_ms = 50;
+  remote.timeout_ms = 250;
+  remote.max_redirects = 2;
+  remote.max_idle_connections = 3;
+  remote.breaker_failures = 4;
+  remote.breaker_backoff_ms = 10;
+  remote.breaker_max_backoff_ms = 90;
+  remote.lazy_connect = true;
+  remote.connections_per_node = 5;
+  remote.set_window = 6;
+  remote.get_window = 0;
+  ASSERT_TRUE(o->tiers[2].remote.has_value());
+  EXPECT_EQ(*o->tiers[2].remote, remote);
+  EXPECT_EQ(TierParamKeys("remote").size(), 17u);
+}
+
+// A typed struct is checked by the same table as a params string.
+TEST(ConfigTest, TypedParamsAreCheckedLikeStrings) {
+  DiskTierParams disk;
+  disk.path = "/tmp/kv";
+  disk.queue_depth = 0;
+  Status s = disk.Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "queue_depth: must be in [1, 4096], got 0");
+  disk.queue_depth = 8;
+  disk.io = "floppy";
+  EXPECT_EQ(disk.Validate().message(), "io: 'floppy' is not auto, uring, io_uring, sync or pread");
+  disk.io = "io_uring";
+  EXPECT_TRUE(disk.Validate().ok());
+  EXPECT_EQ(disk::DiskOptionsFrom(disk).io, disk::IoBackend::kUring);
+
+  RemoteTierParams remote;
+  EXPECT_EQ(remote.Validate().message(), "url: required (redis://host:port)");
+  remote.url = "redis://h:1";
+  remote.connections_per_node = 65;
+  EXPECT_EQ(remote.Validate().message(), "connections_per_node: must be in [1, 64], got 65");
+
+  TierSpec spec;
+  spec.kind = "disk";
+  spec.name = "ssd";
+  spec.capacity_bytes = 1 << 30;
+  spec.disk = disk;
+  spec.disk->queue_depth = 5000;
+  auto tier = MakeTier(spec, KvLayout{});
+  ASSERT_FALSE(tier.ok());
+  EXPECT_NE(tier.status().message().find("tier 'ssd': params.queue_depth: must be in [1, 4096]"),
+            std::string::npos)
+      << tier.status().ToString();
+  spec.disk->queue_depth = 8;
+  spec.params["path"] = "/tmp/kv";
+  EXPECT_NE(CheckTierSpecParams(spec).message().find("not both"), std::string::npos);
+  spec.params.clear();
+  spec.kind = "host";
+  EXPECT_NE(CheckTierSpecParams(spec).message().find("another kind than 'host'"),
+            std::string::npos);
+}
+
+// The typed struct opens the same tier as the params map: what one stores, the other reads.
+TEST(ConfigTest, TypedDiskParamsOpenTheSameTierAsTheMap) {
+  testing::TempDir dir;
+  KvLayout layout = testing::SmallLayout();
+  TierSpec by_map;
+  by_map.kind = "disk";
+  by_map.capacity_bytes = 4 << 20;
+  by_map.params = {{"path", dir.path()}, {"segment_bytes", "256KiB"}, {"io", "sync"}};
+  TierSpec typed = by_map;
+  typed.params.clear();
+  typed.disk = DiskTierParams{};
+  typed.disk->path = dir.path();
+  typed.disk->segment_bytes = 256 << 10;
+  typed.disk->io = "sync";
+  BlockKey key{1, 2};
+  std::vector<std::byte> block(layout.bytes_per_block(), std::byte{7});
+  {
+    auto a = MakeTier(by_map, layout);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    std::vector<Status> put(1);
+    ConstBlock c(block);
+    ASSERT_TRUE((*a)->Put(std::span(&key, 1), std::span(&c, 1), put).ok());
+    ASSERT_TRUE(put[0].ok()) << put[0].ToString();
+  }
+  auto b = MakeTier(typed, layout);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  std::vector<std::byte> out(block.size());
+  std::vector<Status> got(1);
+  MutableBlock m(out);
+  ASSERT_TRUE((*b)->Get(std::span(&key, 1), std::span(&m, 1), got).ok());
+  ASSERT_TRUE(got[0].ok()) << got[0].ToString();
+  EXPECT_EQ(out, block);
+}
+
+// Top-level bools took yes/on but not 1/0, tier params the reverse: one vocabulary now.
+TEST(ConfigTest, EveryBoolKeyTakesTheSameWords) {
+  for (const char* word : {"false", "no", "off", "0"}) {
+    auto o = ParseCacheOptionsYaml(std::string("layout: {preset: llama-3.1-8b}\n"
+                                               "verify_checksums: ") +
+                                       word + "\npromote_on_load: " + word +
+                                       "\ntiers:\n  - {kind: host, capacity: 1GiB, params: "
+                                       "{prefault: " +
+                                       word + "}}\n",
+                                   "b.yaml");
+    ASSERT_TRUE(o.ok()) << word << ": " << o.status().ToString();
+    EXPECT_FALSE(o->verify_checksums) << word;
+    EXPECT_FALSE(o->promote_on_load) << word;
+    ASSERT_TRUE(o->tiers[0].host.has_value());
+    EXPECT_FALSE(o->tiers[0].host->prefault) << word;
+  }
+  ExpectError("layout: {preset: llama-3.1-8b}\nverify_checksums: nope\ntiers: []\n",
+              "bad.yaml:2: verify_checksums: want true or false, got 'nope'");
 }
 
 TEST(ConfigTest, LoadsAFile) {

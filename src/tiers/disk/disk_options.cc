@@ -1,10 +1,10 @@
 // DiskOptions and SyncPolicy: the disk tier's settings, their defaults, their checks, and their
-// parsing from a config's params (DiskOptionsFromParams, declared in disk_tier.h).
+// conversion from the typed params (DiskOptionsFrom, declared in disk_tier.h).
 #include <algorithm>
-#include <charconv>
 
 #include <fmt/format.h>
 
+#include "config/tier_params.h"
 #include "tiers/disk/disk_store.h"
 #include "tiers/disk/disk_tier.h"
 #include "tiers/disk/format.h"
@@ -77,87 +77,26 @@ Status DiskOptions::Validate() const {
   return Status::Ok();
 }
 
-namespace {
-
-Status ParseBool(const std::string& key, const std::string& v, bool* out) {
-  if (v == "true" || v == "1" || v == "yes" || v == "on") {
-    *out = true;
-  } else if (v == "false" || v == "0" || v == "no" || v == "off") {
-    *out = false;
-  } else {
-    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not true or false", key, v));
-  }
-  return Status::Ok();
+DiskOptions DiskOptionsFrom(const DiskTierParams& p) {
+  DiskOptions o;
+  o.path = p.path;
+  o.segment_bytes = p.segment_bytes;
+  o.buffer_bytes = p.buffer_bytes;
+  o.queue_depth = p.queue_depth;
+  o.sync = ParseSyncPolicy(p.sync).value_or(SyncPolicy::kBatch);
+  o.sync_interval_ms = p.sync_interval_ms;
+  // The reader makes a params alias canonical; a typed struct may still hold one.
+  if (p.io == "uring" || p.io == "io_uring") o.io = IoBackend::kUring;
+  if (p.io == "sync" || p.io == "pread") o.io = IoBackend::kSync;
+  o.register_buffers = p.register_buffers;
+  o.direct_io = p.direct_io;
+  o.reinsert_hot = p.reinsert_hot;
+  return o;
 }
-
-Status ParseU32(const std::string& key, const std::string& v, uint32_t* out) {
-  uint32_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size()) {
-    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not a number", key, v));
-  }
-  *out = x;
-  return Status::Ok();
-}
-
-Status ParseSize(const std::string& key, const std::string& v, uint64_t* out) {
-  Result<uint64_t> r = ParseByteSize(v);
-  if (!r.ok()) {
-    return Status::InvalidArgument(fmt::format("params.{}: '{}' is not a byte size", key, v));
-  }
-  *out = *r;
-  return Status::Ok();
-}
-
-}  // namespace
 
 Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::string>& params) {
-  DiskOptions o;
-  for (const auto& [key, v] : params) {
-    if (key == "path") {
-      o.path = v;
-    } else if (key == "segment_bytes") {
-      KVTIER_RETURN_IF_ERROR(ParseSize(key, v, &o.segment_bytes));
-    } else if (key == "buffer_bytes") {
-      KVTIER_RETURN_IF_ERROR(ParseSize(key, v, &o.buffer_bytes));
-    } else if (key == "queue_depth") {
-      KVTIER_RETURN_IF_ERROR(ParseU32(key, v, &o.queue_depth));
-    } else if (key == "sync_interval_ms") {
-      KVTIER_RETURN_IF_ERROR(ParseU32(key, v, &o.sync_interval_ms));
-    } else if (key == "sync") {
-      auto p = ParseSyncPolicy(v);
-      if (!p) {
-        return Status::InvalidArgument(
-            fmt::format("params.sync: '{}' is not none, batch or interval", v));
-      }
-      o.sync = *p;
-    } else if (key == "io") {
-      if (v == "auto") {
-        o.io = IoBackend::kAuto;
-      } else if (v == "uring" || v == "io_uring") {
-        o.io = IoBackend::kUring;
-      } else if (v == "sync" || v == "pread") {
-        o.io = IoBackend::kSync;
-      } else {
-        return Status::InvalidArgument(
-            fmt::format("params.io: '{}' is not auto, uring or sync", v));
-      }
-    } else if (key == "register_buffers") {
-      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.register_buffers));
-    } else if (key == "direct_io") {
-      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.direct_io));
-    } else if (key == "reinsert_hot") {
-      KVTIER_RETURN_IF_ERROR(ParseBool(key, v, &o.reinsert_hot));
-    } else {
-      return Status::InvalidArgument(fmt::format(
-          "params.{}: unknown disk tier param (known: path, segment_bytes, queue_depth, sync, "
-          "sync_interval_ms, io, register_buffers, direct_io, reinsert_hot, buffer_bytes)",
-          key));
-    }
-  }
-  if (o.path.empty())
-    return Status::InvalidArgument("params.path: the disk tier needs a directory");
-  return o;
+  KVTIER_ASSIGN_OR_RETURN(DiskTierParams p, ReadDiskTierParams(params));
+  return DiskOptionsFrom(p);
 }
 
 }  // namespace kvtier::disk

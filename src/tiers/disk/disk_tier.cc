@@ -1,5 +1,7 @@
 #include "tiers/disk/disk_tier.h"
 
+#include "config/tier_params.h"
+
 namespace kvtier::disk {
 
 DiskTier::DiskTier(std::string name, const KvLayout& layout, uint64_t capacity_bytes)
@@ -56,7 +58,8 @@ TierCapabilities DiskTier::CapabilitiesImpl() const {
 }
 
 Result<std::unique_ptr<Tier>> MakeDiskTier(const TierSpec& spec, const KvLayout& layout) {
-  KVTIER_ASSIGN_OR_RETURN(DiskOptions o, DiskOptionsFromParams(spec.params));
+  KVTIER_ASSIGN_OR_RETURN(DiskTierParams p, DiskParamsOf(spec));
+  DiskOptions o = DiskOptionsFrom(p);
   KVTIER_ASSIGN_OR_RETURN(
       auto tier, DiskTier::Open(spec.name.empty() ? std::string("disk") : spec.name, layout,
                                 spec.capacity_bytes, std::move(o)));

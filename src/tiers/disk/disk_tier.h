@@ -16,6 +16,7 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/tier.h"
+#include "kvtier/tier_options.h"
 #include "tiers/disk/disk_store.h"
 
 namespace kvtier::disk {
@@ -50,10 +51,10 @@ class DiskTier final : public Tier {
   std::unique_ptr<DiskStore> store_;
 };
 
-// DiskOptions from TierSpec::params: "path" (required), "segment_bytes", "queue_depth",
-// "sync" (none|batch|interval), "sync_interval_ms", "io" (auto|uring|sync),
-// "register_buffers", "direct_io", "reinsert_hot" (true|false), "buffer_bytes". Sizes accept
-// "256MiB" and the like. InvalidArgument names the param.
+// DiskOptions from checked typed params (the tier's capacity and layout are set by Open).
+DiskOptions DiskOptionsFrom(const DiskTierParams& params);
+// DiskOptions from TierSpec::params, read by the one tier params reader (keys and vocabulary in
+// doc/config.md). InvalidArgument "params.KEY: why".
 Result<DiskOptions> DiskOptionsFromParams(const std::map<std::string, std::string>& params);
 
 // The "disk" kind of MakeTier.

@@ -31,6 +31,7 @@
 #include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "kvtier/tier.h"
+#include "kvtier/tier_options.h"
 #include "tiers/remote/circuit_breaker.h"
 #include "tiers/remote/cluster_slots.h"
 #include "tiers/remote/redis_connection.h"
@@ -65,14 +66,16 @@ struct RemoteTierOptions {
   Status Validate() const;
 };
 
-// Reads TierSpec::params of kind "remote": url (required), user, password, mode, key_prefix,
-// ttl_s, connect_timeout_ms, timeout_ms, max_redirects, max_idle_connections,
-// connections_per_node, set_window, get_window, breaker_failures, breaker_backoff_ms,
-// breaker_max_backoff_ms, lazy_connect.
-// InvalidArgument naming the param for an unknown key or a bad value.
+// Reads TierSpec::params of kind "remote" with the one tier params reader (keys, ranges and
+// vocabulary in doc/config.md). InvalidArgument "params.KEY: why" for an unknown key or a bad
+// value.
 Result<RemoteTierOptions> RemoteTierOptionsFromParams(
     std::string name, const KvLayout& layout, uint64_t capacity_bytes,
     const std::map<std::string, std::string>& params);
+// Same, from checked typed params; InvalidArgument "params.KEY: why" from Validate.
+Result<RemoteTierOptions> RemoteTierOptionsFrom(std::string name, const KvLayout& layout,
+                                                uint64_t capacity_bytes,
+                                                const RemoteTierParams& params);
 
 struct RemoteStats {
   bool cluster = false;
