@@ -57,6 +57,12 @@ def test_a_killed_daemon_is_a_miss_within_the_deadline_and_a_restart_serves_ssd(
     tokens = list(range(3 * 16))
     data = blocks(3, 2)
     assert c.store(tokens, data).stored_blocks == 3
+    # The SSD is written in the background after the store returns: kill the daemon once the
+    # SSD has the blocks (a kill before that loses them there, as in the host tier).
+    deadline = time.monotonic() + 30
+    while c.stats()["tiers"][1]["puts"] < 3:
+        assert time.monotonic() < deadline, "the SSD never got the blocks"
+        time.sleep(0.01)
     daemon.kill()
     t0 = time.monotonic()
     with c.lookup(tokens) as hit:
