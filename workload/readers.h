@@ -30,6 +30,8 @@ Result<Trace> ParseAgentX(std::string_view json, std::string_view source);
 // record is a one-request session. `name` salts the root (one namespace per file).
 Result<Trace> ParseMooncake(std::string_view jsonl, std::string_view source,
                             uint32_t block_tokens = 512);
+// Same, read from a file line by line: the file is never held whole in memory.
+Result<Trace> ReadMooncakeFile(const std::string& path, uint32_t block_tokens = 512);
 
 // Detects the format from the first bytes of a file. InvalidArgument when neither fits.
 Result<TraceFormat> DetectFormat(std::string_view head, std::string_view source);

@@ -139,10 +139,14 @@ Result<std::vector<Trace>> LoadTraces(std::span<const std::string> paths,
       KVTIER_ASSIGN_OR_RETURN(std::string head, ReadHead(f, 1 << 16));
       KVTIER_ASSIGN_OR_RETURN(fmt, DetectFormat(head, f));
     }
+    if (fmt == TraceFormat::kMooncake) {  // streamed: one line in memory at a time
+      KVTIER_ASSIGN_OR_RETURN(Trace t, ReadMooncakeFile(f));
+      traces.push_back(std::move(t));
+      continue;
+    }
     KVTIER_ASSIGN_OR_RETURN(std::string data, ReadFile(f));
-    Result<Trace> t = fmt == TraceFormat::kMooncake ? ParseMooncake(data, f) : ParseAgentX(data, f);
-    if (!t.ok()) return t.status();
-    traces.push_back(std::move(t).value());
+    KVTIER_ASSIGN_OR_RETURN(Trace t, ParseAgentX(data, f));
+    traces.push_back(std::move(t));
   }
   return traces;
 }

@@ -192,6 +192,48 @@ TEST(LoadTraces, FileThatIsNoTraceIsRefusedFromItsHead) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "check failed";
 }
 
+// A Mooncake file was read whole before parsing: now it is read line by line, so a file larger
+// than the process may map is parsed up to its bad line and refused there, naming it.
+TEST(LoadTraces, MooncakeIsStreamedLineByLine) {
+  const std::string path =
+      ::testing::TempDir() + "/stream_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"timestamp\": 0, \"input_length\": 512, \"hash_ids\": [7]}\n", f);
+    std::fclose(f);
+    std::filesystem::resize_file(path, 3ull << 30);  // then 3 GiB of holes, no newline
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(60);
+    std::FILE* statm = std::fopen("/proc/self/statm", "r");
+    unsigned long long pages = 0;
+    if (statm == nullptr || std::fscanf(statm, "%llu", &pages) != 1) _exit(13);
+    std::fclose(statm);
+    rlimit lim{};
+    ::getrlimit(RLIMIT_AS, &lim);
+    lim.rlim_cur = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + (1ull << 30);
+    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    const std::vector<std::string> paths = {path};
+    try {
+      Result<std::vector<workload::Trace>> t =
+          workload::LoadTraces(paths, workload::TraceFormat::kMooncake);
+      if (t.ok()) _exit(11);
+      if (t.status().message().find(":2: line longer than 64 MiB") == std::string::npos) _exit(12);
+    } catch (const std::bad_alloc&) {
+      _exit(14);  // read whole
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  std::filesystem::remove(path);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "check failed";
+}
+
 TEST(LoadTraces, ShippedTracesMatchTheirReadme) {
   const std::string dir = SharedDir();
   if (dir.empty() || !std::filesystem::exists(dir + "/traces/agentx-weka")) {
