@@ -1,0 +1,227 @@
+// What the daemon does to a Cache beyond the KvCache calls (src/cache/cache_hooks.h): the shared
+// host arena's reservations and commits, flush and drop.
+#include "cache/cache_impl.h"
+
+namespace kvtier {
+
+size_t Cache::Impl::ReserveHost(size_t n, std::vector<uint32_t>* slots) {
+  TierState& st = *tiers_[0];
+  auto* host = static_cast<HostTier*>(st.tier.get());
+  std::vector<PendingEvent> events;
+  std::vector<Victim> victims;
+  std::vector<WriteJob> down;
+  size_t fit = 0;
+  {
+    MutexLock lock(&st.mu);
+    fit = MakeRoom(st, n, &victims);
+    st.reserved += fit;
+  }
+  EvictOut(st, victims, &events, &down);
+  EmitAll(events);
+  Dispatch(std::move(down));
+  const size_t got = host->ReserveSlots(fit, slots);
+  if (got < fit) {  // cannot happen while the policy's size is the tier's occupancy
+    MutexLock lock(&st.mu);
+    st.reserved -= fit - got;
+  }
+  return got;
+}
+
+void Cache::Impl::UnreserveHost(std::span<const uint32_t> slots) {
+  TierState& st = *tiers_[0];
+  static_cast<HostTier*>(st.tier.get())->ReleaseSlots(slots);
+  MutexLock lock(&st.mu);
+  st.reserved -= slots.size();
+}
+
+StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                                    std::span<const uint64_t> checksums, uint32_t first_block) {
+  const uint64_t t0 = MonotonicNs();
+  TierState& st = *tiers_[0];
+  auto* host = static_cast<HostTier*>(st.tier.get());
+  StoreResult r;
+  std::vector<PendingEvent> events;
+  const bool lower = options_.write_mode == WriteMode::kWriteThrough && tiers_.size() > 1;
+  const uint64_t prefix_tokens =
+      (uint64_t{first_block} + keys.size()) * options_.layout.block_tokens;
+  BlockBatch b;
+  b.now_s = MonotonicSeconds();
+  for (size_t j = 0; j < keys.size(); ++j)
+    b.Add(keys[j], ConstBlock(host->arena() + host->SlotOffset(slots[j]), host->block_bytes()),
+          checksums[j], first_block + static_cast<uint32_t>(j), prefix_tokens, 0);
+  // Synchronous writes: lower tiers first, from the still-reserved slots: nobody can evict or
+  // reuse a reserved slot, so the bytes written down are the bytes committed.
+  if (lower && !async_) {
+    std::vector<Status> results(keys.size());
+    std::vector<WriteJob> down;
+    for (size_t t = 1; t < tiers_.size(); ++t) {
+      uint32_t stored = 0;
+      StoreToTier(*tiers_[t], b, results, &stored, &events, &down);
+    }
+    RunJobs(down);
+  }
+  std::unique_ptr<bool[]> published(new bool[keys.size()]);
+  host->PublishSlots(keys, slots, std::span<bool>(published.get(), keys.size()));
+  {
+    MutexLock lock(&st.mu);
+    st.reserved -= keys.size();
+    for (size_t j = keys.size(); j-- > 0;) {
+      st.policy->OnInsert(keys[j], AccessHint{0, b.positions[j], b.now_s});
+      if (st.tracks_positions) st.positions.Insert(keys[j], b.positions[j]);
+      if (!published[j]) {
+        ++r.present_blocks;
+        continue;
+      }
+      index_.AddTier(keys[j], st.index, checksums[j]);
+      events.push_back({KvEvent::Type::kStored, keys[j], st.index});
+      ++r.stored_blocks;
+    }
+  }
+  EmitAll(events);
+  if (lower && async_) {
+    // In the background, from tier 0's copy, pinned until written.
+    WriteJob job;
+    job.pins = index_.Pin(keys);
+    for (size_t j = 0; j < keys.size(); ++j) {
+      IndexEntry e;
+      if (!index_.Get(keys[j], &e) || !(e.tiers & 1)) continue;  // evicted before the pin
+      job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, 0);
+      job.from.push_back(0);
+    }
+    job.batch.now_s = b.now_s;
+    job.first_target = 1;
+    job.last_target = static_cast<int>(tiers_.size()) - 1;
+    if (job.batch.size() > 0) Enqueue(std::move(job), /*wait=*/true);
+  }
+  stores_.fetch_add(1, std::memory_order_relaxed);
+  stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);
+  store_latency_.Record(MonotonicNs() - t0);
+  return r;
+}
+
+uint64_t Cache::Impl::ClearManaged() {
+  uint64_t dropped = 0;
+  auto evictable = [this](const BlockKey& k) { return !index_.IsPinned(k); };
+  for (auto& stp : tiers_) {
+    TierState& st = *stp;
+    if (!st.caps.managed_by_cache) continue;
+    std::vector<BlockKey> gone;
+    {
+      MutexLock lock(&st.mu);
+      size_t skipped = 0;
+      while (skipped < 64) {
+        std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
+        if (!victim) break;
+        if (!index_.TryRemoveUnpinned(*victim, st.index)) {
+          st.policy->OnInsert(*victim, AccessHint{});
+          ++skipped;
+          continue;
+        }
+        st.positions.Erase(*victim);
+        gone.push_back(*victim);
+      }
+      st.reserved += gone.size();  // occupied until erased below
+    }
+    (void)st.tier->Erase(gone);
+    {
+      MutexLock lock(&st.mu);
+      st.reserved -= gone.size();
+    }
+    dropped += gone.size();
+    std::vector<PendingEvent> events;
+    for (const BlockKey& k : gone) events.push_back({KvEvent::Type::kRemoved, k, st.index});
+    EmitAll(events);
+  }
+  return dropped;
+}
+
+uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& match,
+                                   uint64_t* pinned) {
+  std::vector<std::pair<BlockKey, TierMask>> found;
+  index_.Select(match, &found);
+  // Per tier: unindex under the tier's lock (a managed slot stays counted until erased), then
+  // erase and report with no lock held, as everywhere else.
+  std::vector<bool> any(found.size(), false), held(found.size(), false);
+  for (auto& stp : tiers_) {
+    TierState& st = *stp;
+    std::vector<BlockKey> gone;
+    if (st.caps.managed_by_cache) {
+      MutexLock lock(&st.mu);
+      for (size_t i = 0; i < found.size(); ++i) {
+        const BlockKey& key = found[i].first;
+        if (!(found[i].second & (TierMask{1} << st.index))) continue;
+        if (!index_.TryRemoveUnpinned(key, st.index)) {
+          held[i] = held[i] || index_.IsPinned(key);
+          continue;
+        }
+        st.policy->OnErase(key);
+        st.positions.Erase(key);
+        gone.push_back(key);
+        any[i] = true;
+      }
+      st.reserved += gone.size();
+    } else {
+      for (size_t i = 0; i < found.size(); ++i) {
+        const BlockKey& key = found[i].first;
+        if (!(found[i].second & (TierMask{1} << st.index))) continue;
+        if (!index_.RemoveTier(key, st.index)) continue;
+        gone.push_back(key);
+        any[i] = true;
+      }
+    }
+    if (gone.empty()) continue;
+    (void)st.tier->Erase(gone);
+    if (st.caps.managed_by_cache) {
+      MutexLock lock(&st.mu);
+      st.reserved -= gone.size();
+    }
+    std::vector<PendingEvent> events;
+    for (const BlockKey& k : gone) events.push_back({KvEvent::Type::kRemoved, k, st.index});
+    EmitAll(events);
+  }
+  uint64_t dropped = 0;
+  *pinned = 0;
+  for (size_t i = 0; i < found.size(); ++i) {
+    dropped += any[i];
+    *pinned += held[i];
+  }
+  return dropped;
+}
+
+bool CacheHooks::HasSharedHost(const Cache& cache) {
+  if (cache.impl_->tiers_.empty()) return false;
+  auto* host = dynamic_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
+  return host != nullptr && host->arena_fd() >= 0 && cache.impl_->tiers_[0]->caps.managed_by_cache;
+}
+
+HostTier& CacheHooks::SharedHost(Cache& cache) {
+  return *static_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
+}
+
+size_t CacheHooks::Reserve(Cache& cache, size_t n, std::vector<uint32_t>* slots) {
+  return cache.impl_->ReserveHost(n, slots);
+}
+
+void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {
+  cache.impl_->UnreserveHost(slots);
+}
+
+StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
+                               std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
+                               uint32_t first_block) {
+  return cache.impl_->CommitHost(keys, slots, checksums, first_block);
+}
+
+uint64_t CacheHooks::ClearManaged(Cache& cache) { return cache.impl_->ClearManaged(); }
+
+uint64_t CacheHooks::DropMatching(Cache& cache, const std::function<bool(const BlockKey&)>& match,
+                                  uint64_t* pinned) {
+  return cache.impl_->DropMatching(match, pinned);
+}
+
+Result<LoadResult> CacheHooks::LoadIntoHost(Cache& cache, const LookupResult& lookup,
+                                            std::span<const MutableBlock> dst) {
+  return cache.impl_->Load(lookup, 0, dst, /*promote_now=*/true);
+}
+
+}  // namespace kvtier

@@ -1,0 +1,293 @@
+// Cache::Impl, shared by the files of the Cache core: cache.cc (lookup, load, the facade),
+// cache_store.cc (the write path: room, eviction, victims), cache_writer.cc (the background
+// writer) and cache_hooks.cc (the daemon's hooks). Private to src/cache.
+#ifndef KVTIER_CACHE_CACHE_IMPL_H_
+#define KVTIER_CACHE_CACHE_IMPL_H_
+
+#include "kvtier/cache.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <thread>
+
+#include "cache/cache_hooks.h"
+#include "common/clock.h"
+#include "common/flat_map.h"
+#include "common/mutex.h"
+#include "index/block_index.h"
+#include "tiers/host/host_tier.h"
+
+namespace kvtier {
+
+// Lock order. A thread holds at most one TierState::mu at a time, and takes BlockIndex's shard
+// locks (inside BlockIndex calls) only under it or under no lock, never the reverse.
+// writer_mu_ is a leaf: never held together with a TierState::mu. No tier call (Put, Get,
+// Erase, Exists) and no on_event callback runs under any Cache lock: the write path reserves
+// room under TierState::mu, moves bytes without it, then commits under it again.
+struct TierState {
+  int index = 0;
+  std::shared_ptr<Tier> tier;
+  TierCapabilities caps;
+  bool cache_verifies = false;  // verify_on_load and the tier does not verify reads itself
+  // Write-back with a tier below: victims carry their chain position down.
+  bool tracks_positions = false;
+  Mutex mu;  // serialises residency changes of this tier: policy, admission, room
+  std::unique_ptr<EvictionPolicy> policy KVTIER_GUARDED_BY(mu);
+  // Slots not in the policy that still count as occupied: blocks given room whose Put is in
+  // flight, and blocks taken out of the policy whose Erase is in flight (both outside mu).
+  size_t reserved KVTIER_GUARDED_BY(mu) = 0;
+  AdmissionPolicy admission KVTIER_GUARDED_BY(mu){AdmissionOptions{}};
+  FlatKeyMap<uint32_t> positions KVTIER_GUARDED_BY(mu);  // key -> chain position (write-back)
+  std::atomic<uint64_t> hit_blocks{0}, evictions{0}, writebacks{0}, rejected{0}, corruptions{0},
+      write_failures{0};
+};
+
+// Blocks on their way into a tier. blocks[i] may be empty until a background job reads it.
+struct BlockBatch {
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> blocks;
+  std::vector<uint64_t> checksums;
+  std::vector<uint32_t> positions;      // chain position: the policy's hint
+  std::vector<uint64_t> prefix_tokens;  // the prefix length admission judges
+  std::vector<uint64_t> sessions;
+  double now_s = 0;
+
+  size_t size() const { return keys.size(); }
+  void Add(const BlockKey& key, ConstBlock block, uint64_t checksum, uint32_t position,
+           uint64_t prefix, uint64_t session) {
+    keys.push_back(key);
+    blocks.push_back(block);
+    checksums.push_back(checksum);
+    positions.push_back(position);
+    prefix_tokens.push_back(prefix);
+    sessions.push_back(session);
+  }
+  void Append(const BlockBatch& o) {
+    for (size_t i = 0; i < o.size(); ++i)
+      Add(o.keys[i], o.blocks[i], o.checksums[i], o.positions[i], o.prefix_tokens[i],
+          o.sessions[i]);
+  }
+};
+
+// A victim taken out of a tier's policy and index under its lock; erased (and, in write-back,
+// read for the tier below) after the lock is dropped.
+struct Victim {
+  BlockKey key;
+  uint64_t checksum = 0;
+  uint32_t position = 0;
+  bool below_has = false;  // the tier below holds it already
+};
+
+// Writes for tiers [first_target, last_target], run by the background writer (or by the caller
+// once its locks are dropped, when CacheOptions::write_queue_blocks is 0). Block i's bytes are
+// in `staged` when from[i] < 0; otherwise they are read from tier from[i], where `pins` keeps
+// them resident until the job is done.
+struct WriteJob {
+  BlockBatch batch;
+  std::vector<int8_t> from;
+  std::unique_ptr<std::byte[]> staged;  // size() blocks
+  PinSet pins;
+  int first_target = 0;
+  int last_target = 0;
+  int victims_of = -1;     // write-back: the blocks left this tier; count writebacks there
+  bool promotion = false;  // a miss on re-reading the source is not a failure
+
+  // Makes room for n blocks of block_bytes.
+  void Stage(size_t n, uint64_t block_bytes) { staged.reset(new std::byte[n * block_bytes]); }
+  std::byte* Slot(size_t i, uint64_t block_bytes) { return staged.get() + i * block_bytes; }
+};
+
+class Cache::Impl {
+ public:
+  explicit Impl(CacheOptions options) : options_(std::move(options)) {
+    Namespace ns{options_.model_id, options_.model_revision, options_.layout.fingerprint(),
+                 options_.tenant, options_.lora_id};
+    default_root_ = ns.Root();
+  }
+
+  Status OpenTiers() {
+    for (size_t i = 0; i < options_.tiers.size(); ++i) {
+      const TierSpec& spec = options_.tiers[i];
+      auto st = std::make_unique<TierState>();
+      st->index = static_cast<int>(i);
+      if (spec.instance) {
+        st->tier = spec.instance;
+      } else {
+        auto made = MakeTier(spec, options_.layout);
+        if (!made.ok()) return made.status().WithContext("tiers[" + std::to_string(i) + "]");
+        st->tier = std::shared_ptr<Tier>(std::move(made).value());
+      }
+      st->caps = st->tier->capabilities();
+      st->cache_verifies = st->caps.verify_on_load && !st->caps.verifies_reads;
+      st->tracks_positions = options_.write_mode == WriteMode::kWriteBack &&
+                             i + 1 < options_.tiers.size() && st->caps.managed_by_cache;
+      verify_any_ |= st->cache_verifies;
+      {
+        MutexLock lock(&st->mu);
+        KVTIER_ASSIGN_OR_RETURN(st->policy,
+                                MakeEvictionPolicy(spec.eviction, st->tier->capacity_blocks()));
+        st->admission = AdmissionPolicy(spec.admission);
+      }
+      if (!st->caps.managed_by_cache) {
+        const int t = st->index;
+        st->tier->SetRemovalListener([this, t](std::span<const BlockKey> keys) {
+          for (const BlockKey& k : keys) {
+            if (index_.RemoveTier(k, t)) Emit(KvEvent::Type::kRemoved, k, t);
+          }
+        });
+      }
+      if (top_ < 0 && st->caps.stores_bytes) top_ = st->index;
+      tiers_.push_back(std::move(st));
+    }
+    if (top_ < 0) top_ = static_cast<int>(tiers_.size()) - 1;
+    async_ = options_.write_queue_blocks > 0;
+    if (async_) writer_ = std::thread([this] { WriterLoop(); });
+    return Status::Ok();
+  }
+
+  ~Impl() {
+    // Drain: every queued write finishes before the tiers go.
+    if (writer_.joinable()) {
+      {
+        MutexLock lock(&writer_mu_);
+        stop_ = true;
+      }
+      work_cv_.notify_all();
+      writer_.join();
+    }
+    for (auto& st : tiers_)
+      if (!st->caps.managed_by_cache) st->tier->SetRemovalListener(nullptr);
+  }
+
+  BlockKey Root(const RequestOptions& r) const {
+    if (r.tenant.empty() && r.lora_id.empty()) return default_root_;
+    Namespace ns{options_.model_id, options_.model_revision, options_.layout.fingerprint(),
+                 r.tenant.empty() ? options_.tenant : r.tenant,
+                 r.lora_id.empty() ? options_.lora_id : r.lora_id};
+    return ns.Root();
+  }
+
+  void Emit(KvEvent::Type type, const BlockKey& key, int tier) {
+    if (!options_.on_event) return;
+    KvEvent e;
+    e.seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+    e.type = type;
+    e.key = key;
+    e.tier = tier;
+    options_.on_event(e);
+  }
+
+  Result<LookupResult> LookupKeys(std::span<const BlockKey> keys, const RequestOptions& request);
+  // promote_now: promotion runs in this thread before returning (the daemon's staging,
+  // where the host copy is what the client reads), else in the background when async.
+  Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
+                          std::span<const MutableBlock> dst, bool promote_now = false);
+  Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                                uint32_t first_block, const RequestOptions& request);
+  void NotifySession(uint64_t session_id, SessionEvent event);
+  CacheStats Stats() const;
+  void Flush() KVTIER_EXCLUDES(writer_mu_);
+
+  // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
+  size_t ReserveHost(size_t n, std::vector<uint32_t>* slots);
+  void UnreserveHost(std::span<const uint32_t> slots);
+  StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
+                         std::span<const uint64_t> checksums, uint32_t first_block);
+  uint64_t ClearManaged();
+  uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
+
+  const CacheOptions options_;
+  BlockKey default_root_;
+  BlockIndex index_;
+  std::vector<std::unique_ptr<TierState>> tiers_;
+  bool verify_any_ = false;
+
+ private:
+  struct PendingEvent {
+    KvEvent::Type type;
+    BlockKey key;
+    int tier;
+  };
+
+  // Writes b's blocks into tier st under its policy. Fills per-block results (OK when resident
+  // after the call, whether copied or already there) and counts copies in *stored. Write-back
+  // victims of st, and blocks that did not fit in it, come back in *down for the tier below.
+  // Takes st.mu itself; the caller holds no Cache lock.
+  void StoreToTier(TierState& st, const BlockBatch& b, std::span<Status> results, uint32_t* stored,
+                   std::vector<PendingEvent>* events, std::vector<WriteJob>* down)
+      KVTIER_EXCLUDES(st.mu, writer_mu_);
+  // Takes victims out of a cache-managed tier's policy and index until `need` more blocks fit
+  // (they count in st.reserved until EvictOut erases them); returns how many fit.
+  size_t MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims) KVTIER_REQUIRES(st.mu);
+  // Erases victims from st outside st.mu, after reading those the tier below lacks into one
+  // write-back job (*down). The reservation that made room for them covers their slots.
+  void EvictOut(TierState& st, const std::vector<Victim>& victims,
+                std::vector<PendingEvent>* events, std::vector<WriteJob>* down)
+      KVTIER_EXCLUDES(st.mu, writer_mu_);
+  // Puts b.keys[todo[j]]; returns each one's status (the call's, when the whole call failed).
+  std::vector<Status> PutTodo(TierState& st, const BlockBatch& b,
+                              const std::vector<uint32_t>& todo);
+  // Copies the Put statuses into results and records the stored blocks in the index and the
+  // events (last to first).
+  void Record(TierState& st, const BlockBatch& b, const std::vector<uint32_t>& todo,
+              std::span<const Status> put, std::span<Status> results, uint32_t* stored,
+              std::vector<PendingEvent>* events);
+  void DropBlock(TierState& st, const BlockKey& key);
+  void EmitAll(const std::vector<PendingEvent>& events) {
+    for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier);
+  }
+  // Queues jobs for the writer (waiting while the queue is full), or runs them here when
+  // writes are synchronous or this is the writer's own thread.
+  void Dispatch(std::vector<WriteJob> jobs) KVTIER_EXCLUDES(writer_mu_);
+  // Queues a job. wait=false: gives up (false) instead of waiting for room.
+  bool Enqueue(WriteJob job, bool wait) KVTIER_EXCLUDES(writer_mu_);
+  // Runs jobs: reads what is not staged, then one Put per target tier for all jobs that share
+  // their targets.
+  void RunJobs(std::vector<WriteJob>& jobs) KVTIER_EXCLUDES(writer_mu_);
+  void WriterLoop() KVTIER_EXCLUDES(writer_mu_);
+  // Waits on cv until done(); the caller holds writer_mu_ through `held`.
+  template <typename Done>
+  void WaitLocked(std::condition_variable& cv, MutexLock& held,
+                  Done done) KVTIER_NO_THREAD_SAFETY_ANALYSIS {
+    (void)held;
+    std::unique_lock<std::mutex> ul(writer_mu_.native(), std::adopt_lock);
+    while (!done()) cv.wait(ul);
+    ul.release();  // the MutexLock still owns the mutex
+  }
+  bool InWriter() const { return async_ && std::this_thread::get_id() == writer_.get_id(); }
+  // Counts failures of a background write in the target tier's stats (never lost silently).
+  void CountFailures(TierState& st, std::span<const Status> results);
+
+  std::atomic<uint64_t> seq_{0};
+  int top_ = -1;  // the first byte-holding tier: the only one written on the caller's path
+  bool async_ = false;
+
+  Mutex writer_mu_;
+  std::condition_variable work_cv_;   // a job was queued, or stopping
+  std::condition_variable space_cv_;  // the queue shrank, or became idle
+  std::deque<WriteJob> queue_ KVTIER_GUARDED_BY(writer_mu_);
+  size_t queued_blocks_ KVTIER_GUARDED_BY(writer_mu_) = 0;  // queued or being written
+  size_t busy_jobs_ KVTIER_GUARDED_BY(writer_mu_) = 0;      // queued or being written
+  bool stop_ KVTIER_GUARDED_BY(writer_mu_) = false;
+  std::thread writer_;
+
+ public:
+  std::atomic<uint64_t> lookups_{0}, lookup_blocks_{0}, hit_blocks_{0}, loads_{0},
+      load_failed_blocks_{0}, stores_{0}, stored_blocks_{0}, write_queue_waits_{0},
+      promotions_dropped_{0};
+  Histogram lookup_latency_, load_latency_, store_latency_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CACHE_CACHE_IMPL_H_

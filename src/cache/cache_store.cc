@@ -1,0 +1,328 @@
+// The Cache's write path: room and admission under a tier's lock, eviction and write-back
+// victims after it, and Store itself.
+#include "cache/cache_impl.h"
+
+namespace kvtier {
+
+size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims) {
+  const uint64_t cap = st.tier->capacity_blocks();
+  const TierMask below_bit = st.index + 1 < kMaxTiers ? TierMask{1} << (st.index + 1) : 0;
+  auto evictable = [this](const BlockKey& k) { return !index_.IsPinned(k); };
+  size_t attempts = 0;
+  while (st.policy->size() + st.reserved + need > cap) {
+    std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
+    if (!victim) break;
+    // Read the entry first: removing the last tier drops it, checksum and all.
+    IndexEntry e;
+    const bool known = index_.Get(*victim, &e);
+    if (!index_.TryRemoveUnpinned(*victim, st.index)) {
+      // Pinned since the policy looked: it stays resident.
+      st.policy->OnInsert(*victim, AccessHint{});
+      if (++attempts > 64) break;
+      continue;
+    }
+    Victim v;
+    v.key = *victim;
+    v.checksum = known ? e.checksum : 0;
+    v.below_has = known && (e.tiers & below_bit);
+    if (const uint32_t* p = st.positions.Find(*victim)) {
+      v.position = *p;
+      st.positions.Erase(*victim);
+    }
+    victims->push_back(v);
+  }
+  const uint64_t held = st.policy->size() + st.reserved;
+  return held >= cap ? 0 : std::min<size_t>(need, cap - held);
+}
+
+void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
+                           std::vector<PendingEvent>* events, std::vector<WriteJob>* down) {
+  if (victims.empty()) return;
+  const uint64_t bb = options_.layout.bytes_per_block();
+  const bool write_back = options_.write_mode == WriteMode::kWriteBack &&
+                          st.index + 1 < static_cast<int>(tiers_.size()) && st.caps.stores_bytes;
+  std::vector<BlockKey> keys;
+  keys.reserve(victims.size());
+  for (const Victim& v : victims) keys.push_back(v.key);
+  if (write_back) {
+    // One Get for the victims the tier below lacks; they go down as one batch.
+    WriteJob job;
+    std::vector<BlockKey> gk;
+    std::vector<uint32_t> gi;
+    for (uint32_t i = 0; i < victims.size(); ++i)
+      if (!victims[i].below_has) {
+        gk.push_back(victims[i].key);
+        gi.push_back(i);
+      }
+    if (!gk.empty()) {
+      job.Stage(gk.size(), bb);
+      std::vector<MutableBlock> out;
+      for (size_t j = 0; j < gk.size(); ++j) out.emplace_back(job.Slot(j, bb), bb);
+      std::vector<Status> gs(gk.size());
+      const Status call = st.tier->Get(gk, out, gs);
+      for (size_t j = 0; j < gk.size(); ++j) {
+        const Victim& v = victims[gi[j]];
+        if (!call.ok() || !gs[j].ok()) continue;  // gone already: nothing to move
+        job.batch.Add(v.key, out[j], v.checksum, v.position,
+                      (uint64_t{v.position} + 1) * options_.layout.block_tokens, 0);
+        job.from.push_back(-1);
+      }
+      if (job.batch.size() > 0) {
+        job.batch.now_s = MonotonicSeconds();
+        job.first_target = job.last_target = st.index + 1;
+        job.victims_of = st.index;
+        down->push_back(std::move(job));
+      }
+    }
+  }
+  (void)st.tier->Erase(keys);
+  st.evictions.fetch_add(victims.size(), std::memory_order_relaxed);
+  for (const Victim& v : victims) events->push_back({KvEvent::Type::kRemoved, v.key, st.index});
+}
+
+void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Status> results,
+                              uint32_t* stored, std::vector<PendingEvent>* events,
+                              std::vector<WriteJob>* down) {
+  const TierMask bit = TierMask{1} << st.index;
+  std::vector<uint32_t> todo, overflow;
+  std::vector<Victim> victims;
+  {
+    MutexLock lock(&st.mu);
+    // Last to first: the chain's head ends most recent, so its tail is evicted first.
+    for (size_t i = b.size(); i-- > 0;) {
+      IndexEntry e;
+      if (index_.Get(b.keys[i], &e) && (e.tiers & bit)) {
+        if (st.caps.managed_by_cache)
+          st.policy->OnAccess(b.keys[i], AccessHint{b.sessions[i], b.positions[i], b.now_s});
+        results[i] = Status::Ok();
+        continue;
+      }
+      if (!st.admission.Admit(b.keys[i], b.prefix_tokens[i])) {
+        st.rejected.fetch_add(1, std::memory_order_relaxed);
+        results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
+        continue;
+      }
+      todo.push_back(static_cast<uint32_t>(i));
+    }
+    if (todo.empty()) return;
+    // todo is in last-to-first order; the Put goes first to last.
+    std::reverse(todo.begin(), todo.end());
+    if (st.caps.managed_by_cache) {
+      const size_t fit = MakeRoom(st, todo.size(), &victims);
+      // Keep the head of the chain when room is short.
+      overflow.assign(todo.begin() + static_cast<ptrdiff_t>(fit), todo.end());
+      todo.resize(fit);
+      // Room for the Put, which also covers the victims until they are erased.
+      st.reserved += todo.size();
+    }
+  }
+  EvictOut(st, victims, events, down);
+  if (!overflow.empty()) {
+    const bool below = options_.write_mode == WriteMode::kWriteBack &&
+                       st.index + 1 < static_cast<int>(tiers_.size());
+    if (below) {
+      // Write-back: what cannot stay here would be a victim at once; it goes down directly.
+      const uint64_t bb = options_.layout.bytes_per_block();
+      const TierMask below_bit = TierMask{1} << (st.index + 1);
+      WriteJob job;
+      job.Stage(overflow.size(), bb);
+      for (size_t j = 0; j < overflow.size(); ++j) {
+        const uint32_t i = overflow[j];
+        results[i] = Status::Ok();  // handed to the tier below
+        IndexEntry e;
+        if (index_.Get(b.keys[i], &e) && (e.tiers & below_bit)) continue;  // there already
+        ConstBlock block;
+        if (!b.blocks[i].empty()) {
+          std::memcpy(job.Slot(j, bb), b.blocks[i].data(), bb);
+          block = ConstBlock(job.Slot(j, bb), bb);
+        }
+        job.batch.Add(b.keys[i], block, b.checksums[i], b.positions[i], b.prefix_tokens[i],
+                      b.sessions[i]);
+        job.from.push_back(-1);
+      }
+      job.batch.now_s = b.now_s;
+      job.first_target = job.last_target = st.index + 1;
+      job.victims_of = st.index;
+      if (job.batch.size() > 0) down->push_back(std::move(job));
+    } else {
+      for (uint32_t i : overflow)
+        results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': no room (" +
+                                               std::to_string(st.tier->capacity_blocks()) +
+                                               " blocks, the rest pinned)");
+    }
+  }
+  if (todo.empty()) return;
+  // The Put runs outside st.mu: copies into host DRAM (or a self-managed tier's I/O) must not
+  // hold up Lookups, Loads and other Stores of this tier. A managed tier's blocks have room
+  // reserved above; self-managed tiers (disk, remote) bound themselves.
+  std::vector<Status> put = PutTodo(st, b, todo);
+  if (!st.caps.managed_by_cache) {
+    // A block the tier drops at once is a miss on Load, which keeps the index honest.
+    Record(st, b, todo, put, results, stored, events);
+    return;
+  }
+  // The policy, then the index: a Lookup never finds a block its tier's policy does not hold.
+  MutexLock lock(&st.mu);
+  st.reserved -= todo.size();
+  for (size_t j = todo.size(); j-- > 0;) {
+    if (!put[j].ok()) continue;
+    const uint32_t i = todo[j];
+    st.policy->OnInsert(b.keys[i], AccessHint{b.sessions[i], b.positions[i], b.now_s});
+    if (st.tracks_positions) st.positions.Insert(b.keys[i], b.positions[i]);
+  }
+  Record(st, b, todo, put, results, stored, events);
+}
+
+std::vector<Status> Cache::Impl::PutTodo(TierState& st, const BlockBatch& b,
+                                         const std::vector<uint32_t>& todo) {
+  std::vector<BlockKey> pk;
+  std::vector<ConstBlock> pb;
+  pk.reserve(todo.size());
+  pb.reserve(todo.size());
+  for (uint32_t i : todo) {
+    pk.push_back(b.keys[i]);
+    pb.push_back(b.blocks[i]);
+  }
+  std::vector<Status> ps(todo.size());
+  Status call = st.tier->Put(pk, pb, ps);
+  if (!call.ok()) std::fill(ps.begin(), ps.end(), call);
+  return ps;
+}
+
+void Cache::Impl::Record(TierState& st, const BlockBatch& b, const std::vector<uint32_t>& todo,
+                         std::span<const Status> put, std::span<Status> results, uint32_t* stored,
+                         std::vector<PendingEvent>* events) {
+  for (size_t j = todo.size(); j-- > 0;) {
+    const uint32_t i = todo[j];
+    results[i] = put[j];
+    if (!put[j].ok()) continue;
+    index_.AddTier(b.keys[i], st.index, b.checksums[i]);
+    ++*stored;
+    events->push_back({KvEvent::Type::kStored, b.keys[i], st.index});
+  }
+}
+
+void Cache::Impl::CountFailures(TierState& st, std::span<const Status> results) {
+  uint64_t failed = 0;
+  // A refusal (admission, no room) is the tier's policy, counted as rejected; not a failure.
+  for (const Status& s : results) failed += !s.ok() && s.code() != StatusCode::kResourceExhausted;
+  if (failed) st.write_failures.fetch_add(failed, std::memory_order_relaxed);
+}
+
+Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
+                                           std::span<const ConstBlock> blocks, uint32_t first_block,
+                                           const RequestOptions& request) {
+  const uint64_t t0 = MonotonicNs();
+  const uint64_t block_bytes = options_.layout.bytes_per_block();
+  if (keys.size() != blocks.size())
+    return Status::InvalidArgument("Store: " + std::to_string(keys.size()) + " keys but " +
+                                   std::to_string(blocks.size()) + " blocks");
+  bool any_bytes_tier = false;
+  for (auto& st : tiers_) any_bytes_tier |= st->caps.stores_bytes;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    if (any_bytes_tier && blocks[i].size() != block_bytes)
+      return Status::InvalidArgument("Store: block " + std::to_string(i) + " has " +
+                                     std::to_string(blocks[i].size()) + " bytes, the layout's " +
+                                     "block has " + std::to_string(block_bytes));
+  StoreResult r;
+  if (keys.empty()) return r;
+  const size_t n = keys.size();
+  std::vector<uint64_t> checksums(n, 0);
+  if (options_.verify_checksums && verify_any_)
+    for (size_t i = 0; i < n; ++i) checksums[i] = Checksum64(blocks[i]);
+  const uint64_t prefix_tokens = (uint64_t{first_block} + n) * options_.layout.block_tokens;
+  BlockBatch b;
+  b.now_s = MonotonicSeconds();
+  for (size_t i = 0; i < n; ++i)
+    b.Add(keys[i], blocks[i], checksums[i], first_block + static_cast<uint32_t>(i), prefix_tokens,
+          request.session_id);
+
+  std::vector<uint8_t> ok_anywhere(n, 0), present(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    IndexEntry e;
+    present[i] = index_.Get(keys[i], &e) && e.tiers != 0;
+  }
+  std::vector<Status> results(n), first_failure(n);
+  std::vector<PendingEvent> events;
+  std::vector<WriteJob> down;
+  const bool write_back = options_.write_mode == WriteMode::kWriteBack;
+  // Asynchronous write-through: the caller writes up to the first byte-holding tier.
+  const int last_sync = write_back ? 0 : (async_ ? top_ : static_cast<int>(tiers_.size()) - 1);
+  for (int t = 0; t <= last_sync; ++t) {
+    uint32_t stored = 0;
+    StoreToTier(*tiers_[t], b, results, &stored, &events, &down);
+    for (size_t i = 0; i < n; ++i) {
+      if (results[i].ok())
+        ok_anywhere[i] = 1;
+      else if (first_failure[i].ok())
+        first_failure[i] = results[i];
+    }
+  }
+  EmitAll(events);
+  Dispatch(std::move(down));
+
+  if (!write_back && last_sync + 1 < static_cast<int>(tiers_.size())) {
+    // The rest goes down in the background, from the top tier's copy (pinned there until
+    // written) or, for a block the top tier did not take, from a staged copy.
+    const int top = last_sync;
+    const TierMask top_bit = TierMask{1} << top;
+    TierMask lower = 0;
+    for (size_t t = top + 1; t < tiers_.size(); ++t) lower |= TierMask{1} << t;
+    WriteJob job;
+    std::vector<uint32_t> idx;
+    for (uint32_t i = 0; i < n; ++i) {
+      IndexEntry e;
+      if (index_.Get(keys[i], &e) && (e.tiers & lower) == lower) {
+        ok_anywhere[i] = 1;  // every lower tier has it already
+        continue;
+      }
+      idx.push_back(i);
+      job.batch.Add(keys[i], ConstBlock(), checksums[i], b.positions[i], prefix_tokens,
+                    request.session_id);
+    }
+    if (!idx.empty()) {
+      job.pins = index_.Pin(job.batch.keys);
+      size_t staged = 0;
+      std::vector<int8_t> from(idx.size(), -1);
+      for (size_t j = 0; j < idx.size(); ++j) {
+        IndexEntry e;
+        // Pinned now; a block evicted before the pin is staged from the caller's buffer.
+        if (tiers_[top]->caps.stores_bytes && index_.Get(keys[idx[j]], &e) && (e.tiers & top_bit))
+          from[j] = static_cast<int8_t>(top);
+        else
+          ++staged;
+      }
+      if (staged > 0) {
+        job.Stage(idx.size(), block_bytes);
+        for (size_t j = 0; j < idx.size(); ++j) {
+          if (from[j] >= 0 || blocks[idx[j]].empty()) continue;
+          std::memcpy(job.Slot(j, block_bytes), blocks[idx[j]].data(), block_bytes);
+          job.batch.blocks[j] = ConstBlock(job.Slot(j, block_bytes), block_bytes);
+        }
+      }
+      job.from = std::move(from);
+      job.batch.now_s = b.now_s;
+      job.first_target = top + 1;
+      job.last_target = static_cast<int>(tiers_.size()) - 1;
+      for (uint32_t i : idx) ok_anywhere[i] = 1;  // queued: a failure below shows in stats
+      Enqueue(std::move(job), /*wait=*/true);
+    }
+  }
+
+  for (size_t i = 0; i < n; ++i) {
+    if (!ok_anywhere[i]) {
+      ++r.failed_blocks;
+      if (r.first_error.ok()) r.first_error = first_failure[i];
+    } else if (present[i]) {
+      ++r.present_blocks;
+    } else {
+      ++r.stored_blocks;
+    }
+  }
+  stores_.fetch_add(1, std::memory_order_relaxed);
+  stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);
+  store_latency_.Record(MonotonicNs() - t0);
+  return r;
+}
+
+}  // namespace kvtier
