@@ -1,0 +1,335 @@
+// The daemon's request handlers: one per request type, each writing its reply body.
+#include "serve/server_impl.h"
+
+namespace kvtier::serve {
+
+Status Server::Impl::CheckTenant(const Conn& c, const std::string& tenant,
+                                 const std::string& token) const {
+  MutexLock lock(&mu_);
+  for (const TenantBinding& b : options_.tenants) {
+    if (b.name != tenant) continue;
+    bool ok = !b.token.empty() && token == b.token;
+    for (uint32_t u : b.uids) ok |= u == c.peer.uid;
+    if (!ok)
+      return Status::InvalidArgument(
+          "tenant '" + tenant + "' is bound to " +
+          (b.uids.empty() ? std::string("a token") : "uids/token in serve.tenants") + "; " +
+          c.Name() + " may not declare it");
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Result<BlockKey> Server::Impl::RootFor(const Conn& c, const Scope& scope) const {
+  if (!c.data_plane) return Status::InvalidArgument("this connection declared no layout");
+  Namespace ns{c.hello.model_id, c.hello.model_revision, c.hello.layout.fingerprint(),
+               scope.tenant.empty() ? c.tenant : scope.tenant,
+               scope.lora_id.empty() ? c.hello.lora_id : scope.lora_id};
+  if (!scope.tenant.empty() && scope.tenant != c.tenant)
+    KVTIER_RETURN_IF_ERROR(CheckTenant(c, scope.tenant, c.hello.token));
+  return ns.Root();
+}
+
+Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd) {
+  Hello h;
+  KVTIER_RETURN_IF_ERROR(DecodeHello(in, &h));
+  if (h.version != kProtocolVersion)
+    return Status::InvalidArgument("protocol version mismatch: the client speaks version " +
+                                   std::to_string(h.version) + ", this daemon speaks version " +
+                                   std::to_string(kProtocolVersion));
+  const KvLayout& mine = cache_->layout();
+  c->data_plane = !(h.layout == KvLayout{});
+  if (c->data_plane && !(h.layout == mine))
+    return Status::InvalidArgument("layout mismatch: the client declared " + h.layout.ToString() +
+                                   ", this daemon serves " + mine.ToString());
+  KVTIER_RETURN_IF_ERROR(CheckTenant(*c, h.tenant, h.token));
+  c->hello = h;
+  c->tenant = h.tenant;
+  c->tenant_tag = TenantTag(h.tenant);
+  HelloReply r;
+  r.block_bytes = c->data_plane ? mine.bytes_per_block() : 0;
+  r.arena_bytes = c->data_plane ? host_->arena_bytes() : 0;
+  r.lease_ms = lease_ms_;
+  if (c->data_plane) {
+    KVTIER_ASSIGN_OR_RETURN(r.root, RootFor(*c, Scope{}));
+  }
+  r.tenant = c->tenant;
+  EncodeHelloReply(r, w);
+  *pass_fd = c->data_plane;
+  spdlog::info("{}: hello: model '{}' rev '{}', tenant '{}', lora '{}'{}", c->Name(), h.model_id,
+               h.model_revision, h.tenant, h.lora_id, c->data_plane ? "" : " (operator)");
+  return Status::Ok();
+}
+
+// A lookup or prefetch request: its chain keyed under the connection's root, looked up (pinned).
+Result<LookupResult> Server::Impl::LookupRequest(Conn* c) {
+  LookupReq& m = c->lookup;
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  if (m.tokens) HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &m.keys);
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
+  RequestOptions ro;
+  ro.session_id = m.session_id;
+  return cache_->LookupKeys(m.keys, ro);
+}
+
+Status Server::Impl::OnLookup(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
+  const uint32_t total = static_cast<uint32_t>(lr.keys.size());
+  const uint32_t hit = lr.hit_blocks;
+  c->offsets.resize(hit);
+  host_->Offsets(std::span<const BlockKey>(lr.keys).first(hit), c->offsets);
+  // Encoded before lr moves into the lease (the reply reads its sources).
+  const uint64_t lease_id = hit > 0 ? next_id_++ : 0;
+  EncodeLookupReply(lease_id, total, lr.source, c->offsets, w);
+  if (hit > 0) {
+    MutexLock cl(&c->mu);
+    c->leases.emplace(lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
+    ++leases_now_;
+  }
+  return Status::Ok();
+}
+
+void Server::Impl::Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets) {
+  std::span<const BlockKey> keys = std::span<const BlockKey>(lr.keys).first(n);
+  host_->Offsets(keys, offsets);
+  // Chunks of at most 64 blocks, so the scratch stays small whatever the prefix.
+  constexpr uint32_t kChunk = 64;
+  const uint64_t bb = cache_->layout().bytes_per_block();
+  std::vector<std::byte> scratch;
+  for (uint32_t begin = 0; begin < n; begin += kChunk) {
+    const uint32_t end = std::min(n, begin + kChunk);
+    bool missing = false;
+    for (uint32_t i = begin; i < end; ++i) missing |= offsets[i] == kNoOffset;
+    if (!missing) continue;
+    // Load promotes into the arena (tier 0), where lr's pins keep the blocks.
+    LookupResult part;
+    part.keys.assign(lr.keys.begin() + begin, lr.keys.begin() + end);
+    part.source.assign(lr.source.begin() + begin, lr.source.begin() + end);
+    part.hit_blocks = end - begin;
+    part.block_tokens = lr.block_tokens;
+    scratch.resize(uint64_t{end - begin} * bb);
+    std::vector<MutableBlock> dst;
+    for (uint32_t i = 0; i < end - begin; ++i) dst.emplace_back(scratch.data() + i * bb, bb);
+    auto loaded = CacheHooks::LoadIntoHost(*cache_, part, dst);
+    host_->Offsets(keys.subspan(begin, end - begin), offsets.subspan(begin, end - begin));
+    const uint32_t ok = loaded.ok() ? loaded->loaded_blocks : 0;
+    if (ok < end - begin) {  // the rest of the prefix would be recomputed anyway
+      for (uint32_t i = begin + ok; i < n; ++i) offsets[i] = kNoOffset;
+      return;
+    }
+  }
+}
+
+Status Server::Impl::OnPrefetch(Conn* c, Writer* w) {
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lr, LookupRequest(c));
+  std::vector<uint64_t> offsets(lr.hit_blocks);
+  Stage(lr, lr.hit_blocks, offsets);
+  uint32_t staged = 0;
+  while (staged < offsets.size() && offsets[staged] != kNoOffset) ++staged;
+  w->U32(staged);  // lr's pins end here: prefetched blocks stay by recency, not by lease
+  return Status::Ok();
+}
+
+Status Server::Impl::OnLoad(Conn* c, std::span<const std::byte> in, Writer* w) {
+  LoadReq m;
+  KVTIER_RETURN_IF_ERROR(DecodeLoad(in, &m));
+  // The lease leaves the table while staging runs (outside the lock), then comes back.
+  Lease lease;
+  {
+    MutexLock cl(&c->mu);
+    auto it = c->leases.find(m.lease_id);
+    if (it == c->leases.end())
+      return Status::NotFound("lease " + std::to_string(m.lease_id) + " expired or unknown");
+    lease = std::move(it->second);
+    c->leases.erase(it);
+  }
+  const uint32_t n = std::min(m.blocks, lease.lookup.hit_blocks);
+  LoadReply r;
+  r.offsets.resize(n);
+  Stage(lease.lookup, n, r.offsets);
+  {
+    MutexLock cl(&c->mu);
+    lease.expires_ns = MonotonicNs() + LeaseNs();
+    c->leases.emplace(m.lease_id, std::move(lease));
+  }
+  EncodeLoadReply(r, w);
+  return Status::Ok();
+}
+
+Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w) {
+  ReserveReq m;
+  KVTIER_RETURN_IF_ERROR(DecodeReserve(in, &m));
+  KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
+  const uint32_t tag = TagFor(*c, m.scope);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
+  ReserveReply r;
+  r.state.assign(m.keys.size(), static_cast<uint8_t>(SlotState::kNoRoom));
+  r.offsets.assign(m.keys.size(), kNoOffset);
+  std::vector<uint64_t> present(m.keys.size());
+  host_->Offsets(m.keys, present);
+  std::vector<uint32_t> need;
+  for (uint32_t i = 0; i < m.keys.size(); ++i) {
+    if (present[i] != kNoOffset)
+      r.state[i] = static_cast<uint8_t>(SlotState::kPresent);
+    else
+      need.push_back(i);
+  }
+  Reservation res;
+  res.first_block = m.first_block;
+  if (!need.empty()) {
+    const size_t got = CacheHooks::Reserve(*cache_, need.size(), &res.slots);
+    // The chain's head first: a later block is useless without the ones before it.
+    for (size_t j = 0; j < got; ++j) {
+      r.state[need[j]] = static_cast<uint8_t>(SlotState::kReserved);
+      r.offsets[need[j]] = host_->SlotOffset(res.slots[j]);
+      res.keys.push_back(m.keys[need[j]]);
+    }
+  }
+  if (!res.slots.empty()) {
+    r.reservation_id = next_id_++;
+    res.expires_ns = MonotonicNs() + LeaseNs();
+    MutexLock cl(&c->mu);
+    c->reservations.emplace(r.reservation_id, std::move(res));
+    ++reservations_now_;
+  }
+  EncodeReserveReply(r, w);
+  return Status::Ok();
+}
+
+Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w) {
+  CommitReq m;
+  KVTIER_RETURN_IF_ERROR(DecodeCommit(in, &m));
+  Reservation res;
+  {
+    MutexLock cl(&c->mu);
+    auto it = c->reservations.find(m.reservation_id);
+    if (it == c->reservations.end())
+      return Status::NotFound("reservation " + std::to_string(m.reservation_id) +
+                              " expired or unknown");
+    res = std::move(it->second);
+    c->reservations.erase(it);
+    --reservations_now_;
+  }
+  CommitReply r;
+  if (m.written.size() != res.slots.size()) {
+    CacheHooks::Unreserve(*cache_, res.slots);
+    return Status::InvalidArgument("commit: " + std::to_string(m.written.size()) +
+                                   " flags for a reservation of " +
+                                   std::to_string(res.slots.size()) + " slots");
+  }
+  std::vector<BlockKey> keys;
+  std::vector<uint32_t> slots, dropped;
+  std::vector<uint64_t> sums;
+  const uint64_t bb = cache_->layout().bytes_per_block();
+  const bool verify = verify_commit_;
+  for (size_t j = 0; j < res.slots.size(); ++j) {
+    if (!m.written[j]) {
+      dropped.push_back(res.slots[j]);
+      continue;
+    }
+    if (verify) {
+      const ConstBlock b(host_->arena() + host_->SlotOffset(res.slots[j]), bb);
+      if (Checksum64(b) != m.checksums[j]) {
+        ++r.failed;
+        if (r.first_error.ok())
+          r.first_error = Status::Corruption("commit: block " + res.keys[j].ToHex() +
+                                             " does not match its checksum; dropped");
+        dropped.push_back(res.slots[j]);
+        continue;
+      }
+    }
+    keys.push_back(res.keys[j]);
+    slots.push_back(res.slots[j]);
+    sums.push_back(m.checksums[j]);
+  }
+  if (!dropped.empty()) CacheHooks::Unreserve(*cache_, dropped);
+  if (!keys.empty()) {
+    StoreResult s = CacheHooks::Commit(*cache_, keys, slots, sums, res.first_block);
+    r.stored = s.stored_blocks;
+    r.present = s.present_blocks;
+  }
+  EncodeCommitReply(r, w);
+  return Status::Ok();
+}
+
+Status Server::Impl::OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w) {
+  std::string tenant;
+  KVTIER_RETURN_IF_ERROR(DecodeDropTenant(in, &tenant));
+  if (!OperatorPeer(*c))
+    return Status::InvalidArgument("drop-tenant: only uid " + std::to_string(getuid()) +
+                                   " or root may drop a tenant; " + c->Name() + " may not");
+  const uint32_t tag = TenantTag(tenant);
+  DropTenantReply r;
+  r.dropped = CacheHooks::DropMatching(
+      *cache_, [tag](const BlockKey& k) { return HasTenantTag(k, tag); }, &r.pinned);
+  spdlog::info("{}: drop tenant '{}': {} blocks dropped, {} pinned kept", c->Name(), tenant,
+               r.dropped, r.pinned);
+  EncodeDropTenantReply(r, w);
+  return Status::Ok();
+}
+
+Status Server::Impl::Handle(Conn* c, MsgType type, std::span<const std::byte> payload, Writer* w,
+                            bool* said_hello, bool* pass_fd) {
+  switch (type) {
+    case MsgType::kHello: {
+      Status st =
+          *said_hello ? Status::InvalidArgument("a second hello") : OnHello(c, payload, w, pass_fd);
+      if (!st.ok()) ++refused_;
+      *said_hello = st.ok();
+      return st;
+    }
+    case MsgType::kLookup:
+      return OnLookup(c, w);
+    case MsgType::kLoad:
+      return OnLoad(c, payload, w);
+    case MsgType::kReserve:
+      return OnReserve(c, payload, w);
+    case MsgType::kCommit:
+      return OnCommit(c, payload, w);
+    case MsgType::kPrefetch:
+      return OnPrefetch(c, w);
+    case MsgType::kRelease:
+      return OnRelease(c, payload);
+    case MsgType::kSession:
+      return OnSession(payload);
+    case MsgType::kStats:
+      EncodeStatsReply(cache_->stats(), Counters(), w);
+      return Status::Ok();
+    case MsgType::kPing:
+      return Status::Ok();
+    case MsgType::kFlush:
+      return OnFlush(c, w);
+    case MsgType::kDropTenant:
+      return OnDropTenant(c, payload, w);
+  }
+  return Status::InvalidArgument("unknown request type");
+}
+
+Status Server::Impl::OnRelease(Conn* c, std::span<const std::byte> in) {
+  uint64_t id = 0;
+  KVTIER_RETURN_IF_ERROR(DecodeU64(in, &id, "release"));
+  MutexLock cl(&c->mu);
+  if (c->leases.erase(id)) --leases_now_;
+  return Status::Ok();
+}
+
+Status Server::Impl::OnSession(std::span<const std::byte> in) {
+  SessionReq m;
+  KVTIER_RETURN_IF_ERROR(DecodeSession(in, &m));
+  cache_->NotifySession(m.session_id, static_cast<SessionEvent>(m.event));
+  return Status::Ok();
+}
+
+Status Server::Impl::OnFlush(Conn* c, Writer* w) {
+  if (!OperatorPeer(*c)) {
+    return Status::InvalidArgument("flush: only uid " + std::to_string(getuid()) +
+                                   " or root may flush; " + c->Name() + " may not");
+  }
+  const uint64_t n = CacheHooks::ClearManaged(*cache_);
+  spdlog::info("{}: flush dropped {} blocks", c->Name(), n);
+  w->U64(n);
+  return Status::Ok();
+}
+
+}  // namespace kvtier::serve
