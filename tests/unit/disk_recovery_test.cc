@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +172,18 @@ TEST_P(DiskStoreTest, ForeignLayoutIsRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("layout fingerprint"), std::string::npos)
+      << r.status().message();
+}
+
+// A configured path that cannot be a directory is the user's to fix: InvalidArgument naming
+// it, not Internal (a bug).
+TEST_P(DiskStoreTest, PathThatCannotBeADirectoryIsInvalidArgument) {
+  const std::string file = dir_.path() + "/a-file";
+  std::fclose(std::fopen(file.c_str(), "w"));
+  auto r = DiskStore::Open(Options(file + "/tier", GetParam()));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(file + "/tier: mkdir: "), std::string::npos)
       << r.status().message();
 }
 

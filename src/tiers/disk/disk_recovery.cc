@@ -153,6 +153,14 @@ uint64_t TrimCrashedTail(int fd, size_t window, const std::string& dir, const st
   return ::ftruncate(fd, static_cast<off_t>(trim)) == 0 ? trim : file_bytes;
 }
 
+// A configured path that cannot be a directory here is the configuration's fault, not ours.
+Status DirectoryError(const std::string& dir, const char* what, int err) {
+  std::string msg = fmt::format("{}: {}: {}", dir, what, Errno(err));
+  const bool users = err == EACCES || err == ENOENT || err == ENOTDIR || err == EROFS ||
+                     err == EPERM || err == ENAMETOOLONG || err == ELOOP;
+  return users ? Status::InvalidArgument(std::move(msg)) : Status::Internal(std::move(msg));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<DiskStore>> DiskStore::Open(const DiskOptions& options,
@@ -225,10 +233,10 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
 Status DiskStore::LockDirectory() {
   const std::string& dir = options_.path;
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Status::Internal(fmt::format("{}: mkdir: {}", dir, Errno(errno)));
+    return DirectoryError(dir, "mkdir", errno);
   }
   dir_fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd_ < 0) return Status::Internal(fmt::format("{}: open: {}", dir, Errno(errno)));
+  if (dir_fd_ < 0) return DirectoryError(dir, "open", errno);
   // The directory itself is locked: a lock file can be unlinked from under its holder, and
   // the next process would lock a new file and write into the same segments.
   if (::flock(dir_fd_, LOCK_EX | LOCK_NB) != 0) {
