@@ -203,6 +203,8 @@ TEST_F(ServeTest, StoreLookupLoadThroughTheSharedArena) {
   EXPECT_EQ(st->cache.tiers[0].resident_blocks, 10u);
   EXPECT_GE(st->clients, 2u);
   EXPECT_EQ(st->pid, static_cast<uint64_t>(d.pid()));
+  // These clients declared no model revision: the daemon says what that risks.
+  EXPECT_NE(d.Log().find("model 'test' declares no revision"), std::string::npos) << d.Log();
 }
 
 TEST_F(ServeTest, LeasesEndWithReleaseAndPinsKeepBlocksResident) {
