@@ -58,11 +58,12 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
   *pass_fd = c->data_plane;
   spdlog::info("{}: hello: model '{}' rev '{}', tenant '{}', lora '{}'{}", c->Name(), h.model_id,
                h.model_revision, h.tenant, h.lora_id, c->data_plane ? "" : " (operator)");
-  if (c->data_plane && h.model_revision.empty()) {
+  if (c->data_plane && h.model_revision.empty() && no_revision_log_.Allow()) {
     // Only the revision keeps two checkpoints served under one model id apart.
     spdlog::warn(
         "{}: model '{}' declares no revision: any other weights served as '{}' share "
-        "its blocks; give model_revision (a hash of the weights or a revision string)",
+        "its blocks; give model_revision (a hash of the weights or a revision string; said at most "
+        "every 10 s)",
         c->Name(), h.model_id, h.model_id);
   }
   return Status::Ok();

@@ -23,6 +23,7 @@
 
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "config/tier_params.h"
 #include "hash/xxh.h"
@@ -130,6 +131,7 @@ class Server::Impl {
   std::atomic<bool> verify_commit_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> refused_{0}, bad_frames_{0}, leases_now_{0}, reservations_now_{0};
+  LogLimiter no_revision_log_;  // clients that declare no model revision
 
   mutable Mutex mu_;  // options_ and conns_
   ServeOptions options_ KVTIER_GUARDED_BY(mu_);
