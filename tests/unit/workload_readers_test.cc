@@ -155,6 +155,20 @@ TEST(DetectFormat, TellsAgentXFromMooncake) {
   EXPECT_FALSE(DetectFormat("{\"foo\": 1}", "f.json").ok());
 }
 
+// Lets this process map at most `extra` bytes more than it maps now (a sanitizer's shadow
+// included). For a forked child: the limit stays with it.
+bool LimitAddressSpaceTo(uint64_t extra) {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  unsigned long long pages = 0;
+  const bool read = statm != nullptr && std::fscanf(statm, "%llu", &pages) == 1;
+  if (statm != nullptr) std::fclose(statm);
+  if (!read) return false;
+  rlimit lim{};
+  ::getrlimit(RLIMIT_AS, &lim);
+  lim.rlim_cur = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + extra;
+  return ::setrlimit(RLIMIT_AS, &lim) == 0;
+}
+
 // A file that is no trace was read whole before its format was looked at (a 5 GB sparse file:
 // 27 s and 5.3 GB of memory to be refused). Now the head decides: under an address-space limit
 // far below the file's size, it is refused, not read. Runs in a child (the limit stays there).
@@ -171,14 +185,7 @@ TEST(LoadTraces, FileThatIsNoTraceIsRefusedFromItsHead) {
   if (pid == 0) {
     ::alarm(20);
     // 2 GiB more than the process maps now (a sanitizer's shadow included): less than the file.
-    std::FILE* statm = std::fopen("/proc/self/statm", "r");
-    unsigned long long pages = 0;
-    if (statm == nullptr || std::fscanf(statm, "%llu", &pages) != 1) _exit(13);
-    std::fclose(statm);
-    rlimit lim{};
-    ::getrlimit(RLIMIT_AS, &lim);
-    lim.rlim_cur = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + (2ull << 30);
-    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    if (!LimitAddressSpaceTo(2ull << 30)) _exit(10);
     const std::vector<std::string> paths = {path};
     Result<std::vector<workload::Trace>> t = workload::LoadTraces(paths, std::nullopt);
     if (t.ok()) _exit(11);
@@ -208,14 +215,7 @@ TEST(LoadTraces, MooncakeIsStreamedLineByLine) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::alarm(60);
-    std::FILE* statm = std::fopen("/proc/self/statm", "r");
-    unsigned long long pages = 0;
-    if (statm == nullptr || std::fscanf(statm, "%llu", &pages) != 1) _exit(13);
-    std::fclose(statm);
-    rlimit lim{};
-    ::getrlimit(RLIMIT_AS, &lim);
-    lim.rlim_cur = pages * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) + (1ull << 30);
-    if (::setrlimit(RLIMIT_AS, &lim) != 0) _exit(10);
+    if (!LimitAddressSpaceTo(1ull << 30)) _exit(10);
     const std::vector<std::string> paths = {path};
     try {
       Result<std::vector<workload::Trace>> t =
