@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "kvtier/cache.h"
 #include "subprocess.h"
@@ -30,32 +31,9 @@ struct BenchCacheOptions {
   std::string dir;  // where the SSD tier's temp dir goes
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-// A pre-faulted buffer: a fresh page costs far more than the copy being measured.
-struct Buffer {
-  std::byte* p = nullptr;
-  size_t n = 0;
-  explicit Buffer(size_t bytes) : n(bytes) {
-    void* m =
-        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (m == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-    p = static_cast<std::byte*>(m);
-    for (size_t i = 0; i < n; ++i) p[i] = static_cast<std::byte>(i * 131 + 7);
-  }
-  ~Buffer() { munmap(p, n); }
-};
 
 TierSpec HostSpec(uint64_t bytes) {
   TierSpec t;
@@ -138,7 +116,10 @@ int Run(const BenchCacheOptions& o) {
   auto with_ssd = open({HostSpec(host_bytes), disk});
   if (!with_ssd.ok()) return Fail(with_ssd.status().ToString());
   setups.push_back({"host+ssd", std::move(with_ssd).value()});
-  Buffer src(bb * n), base_dst(bb * n);
+  PrefaultedBuffer src(bb * n), base_dst(bb * n);
+  for (PrefaultedBuffer* b : {&src, &base_dst}) {
+    for (size_t i = 0; i < b->n; ++i) b->p[i] = static_cast<std::byte>(i * 131 + 7);
+  }
   std::vector<ConstBlock> blocks;
   for (size_t i = 0; i < n; ++i) blocks.emplace_back(src.p + i * bb, bb);
   auto tokens_for = [&](int rep) {

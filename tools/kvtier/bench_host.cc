@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "bench_util.h"
 #include "command.h"
 #include "index/block_index.h"
 #include "kvtier/block_key.h"
@@ -28,28 +29,6 @@ struct BenchHostOptions {
 double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// A pre-faulted buffer: a fresh page costs far more than the copy being measured.
-struct Buffer {
-  std::byte* p = nullptr;
-  size_t n = 0;
-  explicit Buffer(size_t bytes) : n(bytes) {
-    void* m =
-        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (m == MAP_FAILED) {
-      std::perror("mmap");
-      std::exit(1);
-    }
-    p = static_cast<std::byte*>(m);
-    std::memset(p, 0x5a, n);
-  }
-  ~Buffer() { munmap(p, n); }
-};
 
 // One pass of plain memcpy of the same blocks over the same number of threads: the physical
 // baseline.
@@ -86,7 +65,8 @@ int Run(const BenchHostOptions& o) {
     if (!layout.ok()) return 1;
     const size_t block = layout->bytes_per_block();
     const size_t blocks = *working_set / block;
-    Buffer src(block * blocks), dst(block * blocks), base_dst(block * blocks);
+    PrefaultedBuffer src(block * blocks), dst(block * blocks), base_dst(block * blocks);
+    for (PrefaultedBuffer* b : {&src, &dst, &base_dst}) std::memset(b->p, 0x5a, b->n);
     std::vector<BlockKey> keys(blocks);
     std::vector<ConstBlock> in(blocks);
     std::vector<MutableBlock> outb(blocks);

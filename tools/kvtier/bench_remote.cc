@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "command.h"
 #include "subprocess.h"
 #include "tiers/remote/redis_url.h"
@@ -40,12 +41,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 double CpuSeconds(const rusage& ru) {
   return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
