@@ -19,6 +19,20 @@ KvLayout SmallLayout(uint32_t block_tokens) {
   return l;
 }
 
+TierSpec HostSpec(uint64_t blocks, std::string name) {
+  TierSpec t;
+  t.kind = "host";
+  t.name = std::move(name);
+  t.capacity_bytes = blocks * SmallLayout().bytes_per_block();
+  return t;
+}
+
+TierSpec InstanceSpec(std::shared_ptr<Tier> tier) {
+  TierSpec t;
+  t.instance = std::move(tier);
+  return t;
+}
+
 void FillBlock(std::span<std::byte> block, uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (size_t i = 0; i < block.size(); ++i) {

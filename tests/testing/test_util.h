@@ -18,6 +18,10 @@ namespace kvtier::testing {
 
 // A small layout (2 layers x 2 heads x 8 dims fp32, 4 tokens/block = 512 B/block).
 KvLayout SmallLayout(uint32_t block_tokens = 4);
+// A host tier of `blocks` blocks of SmallLayout().
+TierSpec HostSpec(uint64_t blocks, std::string name = "host");
+// The spec of a tier built by the test.
+TierSpec InstanceSpec(std::shared_ptr<Tier> tier);
 
 // Fills a block with bytes derived from (seed, index): equal inputs give equal bytes.
 void FillBlock(std::span<std::byte> block, uint64_t seed);

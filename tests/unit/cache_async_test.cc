@@ -11,6 +11,9 @@
 namespace kvtier {
 namespace {
 
+using testing::HostSpec;
+using testing::InstanceSpec;
+
 using testing::FaultyTier;
 using testing::FillBlock;
 using testing::SmallLayout;
@@ -18,20 +21,6 @@ using testing::Tokens;
 
 constexpr uint32_t kBt = 4;
 constexpr auto kPatience = std::chrono::seconds(30);  // a hang fails instead of blocking CI
-
-TierSpec Host(uint64_t blocks) {
-  TierSpec t;
-  t.kind = "host";
-  t.name = "dram";
-  t.capacity_bytes = blocks * SmallLayout(kBt).bytes_per_block();
-  return t;
-}
-
-TierSpec Instance(std::shared_ptr<Tier> tier) {
-  TierSpec t;
-  t.instance = std::move(tier);
-  return t;
-}
 
 // A lower tier whose Puts wait on a latch the test opens.
 struct BlockingTier {
@@ -127,7 +116,8 @@ uint32_t LookupAndLoad(Cache& c, const Request& r, int expect_tier = -1) {
 TEST(CacheAsyncTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
   BlockingTier low;
   Recorder rec;
-  auto cache = Open({Host(64), Instance(low.tier)}, WriteMode::kWriteThrough, rec.Callback());
+  auto cache = Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough,
+                    rec.Callback());
   Request a(*cache, 4, 100), b(*cache, 3, 200);
   auto st = std::async(std::launch::async, [&] { return cache->Store(a.tokens, a.views); });
   ASSERT_TRUE(low.Check(st.wait_for(kPatience) == std::future_status::ready))
@@ -157,7 +147,8 @@ TEST(CacheAsyncTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
 TEST(CacheAsyncTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
   BlockingTier low;
   Recorder rec;
-  auto cache = Open({Host(4), Instance(low.tier)}, WriteMode::kWriteBack, rec.Callback());
+  auto cache =
+      Open({HostSpec(4, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteBack, rec.Callback());
   Request a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   EXPECT_EQ(low.tier->stats().puts, 0u);  // a fits: nothing went down
@@ -185,8 +176,9 @@ TEST(CacheAsyncTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
 // A full queue makes Store wait (never unbounded growth); it goes on once the writer drains.
 TEST(CacheAsyncTest, FullWriteQueueAppliesBackpressure) {
   BlockingTier low;
-  auto cache = Open({Host(64), Instance(low.tier)}, WriteMode::kWriteThrough, nullptr,
-                    /*queue_blocks=*/2);
+  auto cache =
+      Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough, nullptr,
+           /*queue_blocks=*/2);
   Request a(*cache, 2, 100), b(*cache, 1, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());  // 2 blocks: the queue is full
   low.entered.wait();
@@ -206,7 +198,8 @@ TEST(CacheAsyncTest, FailedBackgroundWritesAreCounted) {
   auto low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
   low->fail_writes = true;
   Recorder rec;
-  auto cache = Open({Host(64), Instance(low)}, WriteMode::kWriteThrough, rec.Callback());
+  auto cache =
+      Open({HostSpec(64, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, rec.Callback());
   Request a(*cache, 3, 100);
   auto st = cache->Store(a.tokens, a.views);
   EXPECT_EQ(st->stored_blocks, 3u);  // the host has them
@@ -220,7 +213,8 @@ TEST(CacheAsyncTest, FailedBackgroundWritesAreCounted) {
 // Destroying the Cache drains the queue: writes in flight finish into the lower tier.
 TEST(CacheAsyncTest, DestructionDrainsWritesInFlight) {
   BlockingTier low;
-  auto cache = Open({Host(64), Instance(low.tier)}, WriteMode::kWriteThrough, nullptr);
+  auto cache =
+      Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough, nullptr);
   Request a(*cache, 2, 100), b(*cache, 3, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   low.entered.wait();
@@ -234,7 +228,7 @@ TEST(CacheAsyncTest, DestructionDrainsWritesInFlight) {
 // Promotion of a block loaded from below runs after Load returns, and lands in the host.
 TEST(CacheAsyncTest, PromotionHappensAfterTheLoad) {
   auto low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
-  auto cache = Open({Host(4), Instance(low)}, WriteMode::kWriteThrough, nullptr);
+  auto cache = Open({HostSpec(4, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
   Request a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   cache->Flush();  // a's host copy is pinned until the SSD has it
@@ -248,7 +242,7 @@ TEST(CacheAsyncTest, PromotionHappensAfterTheLoad) {
 
 // Load of a block range of one lookup: the tail, without a second lookup.
 TEST(CacheAsyncTest, LoadsABlockRangeOfALookup) {
-  auto cache = Open({Host(64)}, WriteMode::kWriteThrough, nullptr);
+  auto cache = Open({HostSpec(64, "dram")}, WriteMode::kWriteThrough, nullptr);
   Request a(*cache, 6, 100);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   auto lk = cache->Lookup(a.tokens);
@@ -269,11 +263,11 @@ TEST(CacheAsyncTest, LoadsABlockRangeOfALookup) {
 // Regression: write-back victims reached the lower tier's admission with a prefix length of 0,
 // so min-prefix-tokens refused every one. A victim at chain position p carries (p + 1) blocks.
 TEST(CacheAsyncTest, WriteBackVictimsCarryTheirChainPositionToAdmission) {
-  TierSpec low = Host(64);
+  TierSpec low = HostSpec(64, "dram");
   low.name = "ssd";
   low.admission.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   low.admission.min_prefix_tokens = 3 * kBt;
-  TierSpec top = Host(4);
+  TierSpec top = HostSpec(4, "dram");
   top.name = "hbm";
   auto cache = Open({top, low}, WriteMode::kWriteBack, nullptr);
   Request a(*cache, 4, 100), b(*cache, 4, 200);

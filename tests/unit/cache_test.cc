@@ -10,26 +10,15 @@
 namespace kvtier {
 namespace {
 
+using testing::HostSpec;
+using testing::InstanceSpec;
+
 using testing::FaultyTier;
 using testing::FillBlock;
 using testing::SmallLayout;
 using testing::Tokens;
 
 constexpr uint32_t kBt = 4;  // tokens per block in these tests
-
-TierSpec Host(uint64_t blocks, std::string name = "host") {
-  TierSpec t;
-  t.kind = "host";
-  t.name = std::move(name);
-  t.capacity_bytes = blocks * SmallLayout(kBt).bytes_per_block();
-  return t;
-}
-
-TierSpec Instance(std::shared_ptr<Tier> tier) {
-  TierSpec t;
-  t.instance = std::move(tier);
-  return t;
-}
 
 std::unique_ptr<Cache> OpenCache(std::vector<TierSpec> tiers,
                                  WriteMode mode = WriteMode::kWriteThrough,
@@ -80,7 +69,7 @@ void ExpectBlockBytes(const Cache& c, std::span<const TokenId> tokens, const Buf
 }
 
 TEST(CacheTest, StoreThenLoadIsByteExact) {
-  auto cache = OpenCache({Host(64)});
+  auto cache = OpenCache({HostSpec(64)});
   auto tokens = Tokens(10 * kBt + 3);  // 10 full blocks and a partial one
   Blocks blocks(*cache, tokens, 0, 10);
   auto st = cache->Store(tokens, blocks.views);
@@ -106,7 +95,7 @@ TEST(CacheTest, StoreThenLoadIsByteExact) {
 }
 
 TEST(CacheTest, LongerRequestHitsTheSharedPrefix) {
-  auto cache = OpenCache({Host(64)});
+  auto cache = OpenCache({HostSpec(64)});
   auto first = Tokens(6 * kBt);
   Blocks b(*cache, first, 0, 6);
   ASSERT_TRUE(cache->Store(first, b.views).ok());
@@ -124,7 +113,7 @@ TEST(CacheTest, LongerRequestHitsTheSharedPrefix) {
 }
 
 TEST(CacheTest, TenantsNeverHitEachOther) {
-  auto cache = OpenCache({Host(64)});
+  auto cache = OpenCache({HostSpec(64)});
   auto tokens = Tokens(4 * kBt);
   RequestOptions a{"tenant-a", "", 0}, b{"tenant-b", "", 0};
   std::vector<BlockKey> keys_a;
@@ -141,7 +130,7 @@ TEST(CacheTest, TenantsNeverHitEachOther) {
 }
 
 TEST(CacheTest, CapacityIsNeverExceededAndTailGoesFirst) {
-  auto cache = OpenCache({Host(8)});
+  auto cache = OpenCache({HostSpec(8)});
   for (uint32_t r = 0; r < 20; ++r) {
     auto tokens = Tokens(5 * kBt, 100 * r);
     Blocks b(*cache, tokens, 0, 5);
@@ -157,7 +146,7 @@ TEST(CacheTest, CapacityIsNeverExceededAndTailGoesFirst) {
 }
 
 TEST(CacheTest, WriteThroughServesFromTheLowerTierAfterEviction) {
-  auto cache = OpenCache({Host(4, "hbm"), Host(64, "dram")});
+  auto cache = OpenCache({HostSpec(4, "hbm"), HostSpec(64, "dram")});
   auto tokens = Tokens(10 * kBt);
   Blocks b(*cache, tokens, 0, 10);
   auto st = cache->Store(tokens, b.views);
@@ -177,11 +166,11 @@ TEST(CacheTest, WriteThroughServesFromTheLowerTierAfterEviction) {
 TEST(CacheTest, WriteBackMovesVictimsDown) {
   std::mutex mu;
   std::vector<KvEvent> events;
-  auto cache =
-      OpenCache({Host(4, "hbm"), Host(64, "dram")}, WriteMode::kWriteBack, [&](const KvEvent& e) {
-        std::lock_guard<std::mutex> l(mu);
-        events.push_back(e);
-      });
+  auto cache = OpenCache({HostSpec(4, "hbm"), HostSpec(64, "dram")}, WriteMode::kWriteBack,
+                         [&](const KvEvent& e) {
+                           std::lock_guard<std::mutex> l(mu);
+                           events.push_back(e);
+                         });
   const uint64_t bb = cache->layout().bytes_per_block();
   auto tokens = Tokens(10 * kBt);
   Blocks b(*cache, tokens, 0, 10);
@@ -229,7 +218,8 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
 // Regression: moving a victim down could evict from the tier below, and both levels shared
 // one scratch buffer, so the first victim was stored with the second victim's bytes.
 TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
-  auto cache = OpenCache({Host(2, "hbm"), Host(3, "dram"), Host(64, "ssd")}, WriteMode::kWriteBack);
+  auto cache = OpenCache({HostSpec(2, "hbm"), HostSpec(3, "dram"), HostSpec(64, "ssd")},
+                         WriteMode::kWriteBack);
   std::vector<std::vector<TokenId>> reqs;
   for (uint32_t r = 0; r < 6; ++r) {
     reqs.push_back(Tokens(2 * kBt, 1000 * (r + 1)));
@@ -248,7 +238,7 @@ TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
 }
 
 TEST(CacheTest, PromotionBringsLowerTierBlocksUp) {
-  auto cache = OpenCache({Host(8, "hbm"), Host(64, "dram")});
+  auto cache = OpenCache({HostSpec(8, "hbm"), HostSpec(64, "dram")});
   auto a = Tokens(6 * kBt), bt = Tokens(6 * kBt, 500);
   Blocks ba(*cache, a, 0, 6), bb(*cache, bt, 0, 6);
   ASSERT_TRUE(cache->Store(a, ba.views).ok());
@@ -267,7 +257,7 @@ TEST(CacheTest, PromotionBringsLowerTierBlocksUp) {
 
 TEST(CacheTest, CorruptLowerTierBlockIsNeverServed) {
   auto faulty = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "disk");
-  auto cache = OpenCache({Host(2, "dram"), Instance(faulty)});
+  auto cache = OpenCache({HostSpec(2, "dram"), InstanceSpec(faulty)});
   auto tokens = Tokens(6 * kBt);
   Blocks b(*cache, tokens, 0, 6);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
@@ -289,7 +279,7 @@ TEST(CacheTest, CorruptLowerTierBlockIsNeverServed) {
 
 TEST(CacheTest, CorruptCopyFallsBackToAnotherTier) {
   auto faulty = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
-  auto cache = OpenCache({Instance(faulty), Host(64, "dram")});
+  auto cache = OpenCache({InstanceSpec(faulty), HostSpec(64, "dram")});
   auto tokens = Tokens(3 * kBt);
   Blocks b(*cache, tokens, 0, 3);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
@@ -305,7 +295,7 @@ TEST(CacheTest, CorruptCopyFallsBackToAnotherTier) {
 TEST(CacheTest, UnavailableTierBecomesRecompute) {
   auto faulty =
       FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "remote");
-  auto cache = OpenCache({Instance(faulty)});
+  auto cache = OpenCache({InstanceSpec(faulty)});
   auto tokens = Tokens(3 * kBt);
   Blocks b(*cache, tokens, 0, 3);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
@@ -326,7 +316,7 @@ TEST(CacheTest, UnavailableTierBecomesRecompute) {
 }
 
 TEST(CacheTest, PinnedBlocksAreNotEvicted) {
-  auto cache = OpenCache({Host(4)});
+  auto cache = OpenCache({HostSpec(4)});
   auto a = Tokens(4 * kBt);
   Blocks ba(*cache, a, 0, 4);
   ASSERT_TRUE(cache->Store(a, ba.views).ok());
@@ -349,7 +339,7 @@ TEST(CacheTest, PinnedBlocksAreNotEvicted) {
 // room reserved for the held Put is not handed out twice.
 TEST(CacheTest, LookupsAndStoresProceedWhileAPutIsInFlight) {
   auto tier = FaultyTier::Make(SmallLayout(kBt), 6 * SmallLayout(kBt).bytes_per_block());
-  auto cache = OpenCache({Instance(tier)});
+  auto cache = OpenCache({InstanceSpec(tier)});
   auto a = Tokens(3 * kBt, 100);
   Blocks ba(*cache, a, 0, 3);
   ASSERT_TRUE(cache->Store(a, ba.views).ok());
@@ -400,10 +390,10 @@ TEST(CacheTest, LookupsAndStoresProceedWhileAPutIsInFlight) {
 }
 
 TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
-  TierSpec low = Host(64, "ssd");
+  TierSpec low = HostSpec(64, "ssd");
   low.admission.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   low.admission.min_prefix_tokens = 8 * kBt;
-  auto cache = OpenCache({Host(64, "dram"), low});
+  auto cache = OpenCache({HostSpec(64, "dram"), low});
   auto short_req = Tokens(2 * kBt, 10), long_req = Tokens(8 * kBt, 20);
   Blocks bs(*cache, short_req, 0, 2), bl(*cache, long_req, 0, 8);
   ASSERT_TRUE(cache->Store(short_req, bs.views).ok());
@@ -430,7 +420,7 @@ TEST(CacheTest, MetadataTierAnswersLookupsButServesNoBytes) {
 }
 
 TEST(CacheTest, BadInputSaysWhatIsWrong) {
-  auto cache = OpenCache({Host(16)});
+  auto cache = OpenCache({HostSpec(16)});
   auto tokens = Tokens(3 * kBt + 1);
   Blocks b(*cache, Tokens(8 * kBt), 0, 4);
   auto st = cache->Store(tokens, b.views);  // 4 blocks, 3 full blocks of tokens
@@ -456,29 +446,29 @@ TEST(CacheTest, InvalidOptionsNameTheKey) {
   CacheOptions o;
   o.layout = SmallLayout(kBt);
   EXPECT_NE(open(o).message().find("tiers"), std::string::npos);
-  o.tiers = {Host(4)};
+  o.tiers = {HostSpec(4)};
   o.tiers[0].capacity_bytes = 0;
   EXPECT_NE(open(o).message().find("tiers[0].capacity_bytes"), std::string::npos);
-  o.tiers = {Host(4), Host(4)};
+  o.tiers = {HostSpec(4), HostSpec(4)};
   EXPECT_NE(open(o).message().find("tiers[1].name"), std::string::npos);
-  o.tiers = {Host(4)};
+  o.tiers = {HostSpec(4)};
   o.tiers[0].eviction = "fifo-ish";
   EXPECT_NE(open(o).message().find("tiers[0].eviction"), std::string::npos);
-  o.tiers = {Host(4)};
+  o.tiers = {HostSpec(4)};
   o.tiers[0].kind = "tape";
   Status s = open(o);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("unknown kind 'tape'"), std::string::npos);
-  o.tiers = {Host(4)};
+  o.tiers = {HostSpec(4)};
   o.tiers[0].params["flavour"] = "x";
   EXPECT_NE(open(o).message().find("params.flavour: unknown host tier param"), std::string::npos);
-  o.tiers = {Host(4)};
+  o.tiers = {HostSpec(4)};
   o.layout.head_dim = 0;
   EXPECT_NE(open(o).message().find("head_dim"), std::string::npos);
 }
 
 TEST(CacheTest, PrometheusTextHasPerTierSeries) {
-  auto cache = OpenCache({Host(8, "dram")});
+  auto cache = OpenCache({HostSpec(8, "dram")});
   auto tokens = Tokens(2 * kBt);
   Blocks b(*cache, tokens, 0, 2);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());

@@ -170,7 +170,7 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
     } else if (old != FlatIdMap::kNone) {  // overwrite: the new copy replaces the old slot
       map_.Erase(keys[i], old);
       free_.push_back(old);
-      (void)InsertSlot(keys[i], sc.slots[i]);
+      MapSlot(keys[i], sc.slots[i]);
     }
   }
 }
@@ -249,8 +249,7 @@ void HostTier::PublishSlots(std::span<const BlockKey> keys, std::span<const uint
 uint32_t HostTier::InsertSlot(const BlockKey& key, uint32_t slot) {
   const uint32_t old = FindSlot(key);
   if (old != FlatIdMap::kNone) return old;
-  keys_[slot] = key;
-  map_.Insert(key, slot);
+  MapSlot(key, slot);
   return FlatIdMap::kNone;
 }
 

@@ -103,6 +103,11 @@ class HostTier final : public Tier {
   }
   // Maps key to slot unless key is resident; returns the resident slot or FlatIdMap::kNone.
   uint32_t InsertSlot(const BlockKey& key, uint32_t slot) KVTIER_REQUIRES(mu_);
+  // Maps key (known absent) to slot.
+  void MapSlot(const BlockKey& key, uint32_t slot) KVTIER_REQUIRES(mu_) {
+    keys_[slot] = key;
+    map_.Insert(key, slot);
+  }
   std::vector<BlockKey> keys_ KVTIER_GUARDED_BY(mu_);  // slot -> key while mapped
   FlatIdMap map_ KVTIER_GUARDED_BY(mu_);
   std::vector<uint32_t> free_ KVTIER_GUARDED_BY(mu_);  // free slot stack
