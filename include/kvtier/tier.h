@@ -51,6 +51,8 @@ struct TierCapabilities {
   // reports Corruption itself, so the Cache neither checksums its Stores nor re-verifies its
   // loads (one pass over each block saved). Disk and remote tiers do.
   bool verifies_reads = false;
+  // GetSlice reads part of a block (one layer of it, for a layer-wise load) without the rest.
+  bool reads_slices = false;
 };
 
 struct TierStats {
@@ -107,6 +109,16 @@ class Tier {
   Status Get(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
              std::span<Status> results);
 
+  // Copies bytes [offset, offset + out[i].size()) of the block of keys[i] into out[i]: a slice,
+  // e.g. one layer of every block of a layer-wise load. A slice is not verified on its own:
+  // when checksums is not empty, checksums[i] receives the checksum the tier keeps for the
+  // whole block (0 when none), for the caller to check the block once every slice is in.
+  // results[i] as for Get (InvalidArgument when the slice passes the block's end). The whole
+  // call fails with InvalidArgument when the spans' sizes differ or the tier does not read
+  // slices (capabilities().reads_slices is false).
+  Status GetSlice(std::span<const BlockKey> keys, uint64_t offset,
+                  std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                  std::span<Status> results);
   // out[i] = whether keys[i] is resident. Non-OK (Unavailable) when the tier cannot answer.
   Status Exists(std::span<const BlockKey> keys, std::span<bool> out);
 
@@ -125,6 +137,11 @@ class Tier {
                        std::span<Status> results) = 0;
   virtual void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                        std::span<Status> results) = 0;
+  // Only called when capabilities().reads_slices; arguments already checked (sizes agree, each
+  // slice inside a block; checksums empty or as long as keys).
+  virtual void GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                            std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                            std::span<Status> results);
   virtual Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) = 0;
   virtual Status EraseImpl(std::span<const BlockKey> keys) = 0;
   virtual uint64_t UsedBytesImpl() const = 0;

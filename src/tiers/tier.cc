@@ -1,5 +1,7 @@
 #include "kvtier/tier.h"
 
+#include <algorithm>
+
 #include "common/clock.h"
 
 namespace kvtier {
@@ -69,6 +71,38 @@ Status Tier::Get(std::span<const BlockKey> keys, std::span<const MutableBlock> o
   get_bytes_.fetch_add(hit * block_bytes_, std::memory_order_relaxed);
   get_latency_.Record(MonotonicNs() - t0);
   return Status::Ok();
+}
+
+Status Tier::GetSlice(std::span<const BlockKey> keys, uint64_t offset,
+                      std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                      std::span<Status> results) {
+  KVTIER_RETURN_IF_ERROR(CheckSizes("GetSlice", keys.size(), out.size(), results.size()));
+  if (!checksums.empty() && checksums.size() != keys.size())
+    return Status::InvalidArgument("GetSlice: " + std::to_string(keys.size()) + " keys but " +
+                                   std::to_string(checksums.size()) + " checksums");
+  if (!CapabilitiesImpl().reads_slices)
+    return Status::InvalidArgument("tier '" + name_ + "' does not read slices of blocks");
+  std::fill(checksums.begin(), checksums.end(), uint64_t{0});
+  bool all_inside = true;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (offset > block_bytes_ || out[i].size() > block_bytes_ - offset) {
+      results[i] = Status::InvalidArgument(
+          name_ + ": slice [" + std::to_string(offset) + ", +" + std::to_string(out[i].size()) +
+          ") passes the end of a block of " + std::to_string(block_bytes_) + " bytes");
+      all_inside = false;
+    }
+  }
+  if (!all_inside) return Status::Ok();
+  GetSliceImpl(keys, offset, out, checksums, results);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < out.size(); ++i) bytes += results[i].ok() ? out[i].size() : 0;
+  get_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void Tier::GetSliceImpl(std::span<const BlockKey>, uint64_t, std::span<const MutableBlock>,
+                        std::span<uint64_t>, std::span<Status> results) {
+  for (Status& s : results) s = Status::InvalidArgument("tier '" + name_ + "' does not read slices");
 }
 
 Status Tier::Exists(std::span<const BlockKey> keys, std::span<bool> out) {

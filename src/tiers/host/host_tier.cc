@@ -175,6 +175,25 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
   }
 }
 
+void HostTier::GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                            std::span<const MutableBlock> out, std::span<uint64_t>,
+                            std::span<Status> results) {
+  // The Cache keeps the checksums of a host tier's blocks (it verifies nothing read from here).
+  Scratch& sc = TlsScratch();
+  sc.jobs.clear();
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t slot = FindSlot(keys[i]);
+    if (slot == FlatIdMap::kNone) {
+      results[i] = Status::NotFound(name() + ": block " + keys[i].ToHex() + " not resident");
+      continue;
+    }
+    sc.jobs.push_back({out[i].data(), SlotPtr(slot) + offset, out[i].size()});
+    results[i] = Status::Ok();
+  }
+  pool_.Run(sc.jobs);
+}
+
 void HostTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                        std::span<Status> results) {
   Scratch& sc = TlsScratch();
@@ -263,6 +282,7 @@ TierCapabilities HostTier::CapabilitiesImpl() const {
   c.stores_bytes = true;
   c.managed_by_cache = true;
   c.authoritative = true;
+  c.reads_slices = true;
   return c;
 }
 

@@ -72,6 +72,9 @@ class HostTier final : public Tier {
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                std::span<Status> results) override;
+  void GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                    std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                    std::span<Status> results) override;
   void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                std::span<Status> results) override;
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
