@@ -177,6 +177,44 @@ BlockKey Engine::Root(const RequestOptions& request) const {
   return ns.Root();
 }
 
+void Engine::ChooseReuse(const Result<LookupResult>& found, uint32_t n, uint32_t resident,
+                         const TurnOptions& opt, TurnResult* r, uint32_t* recompute,
+                         uint32_t* load) const {
+  const uint32_t hits = r->tier_hit_blocks;
+  if (hits == 0) return;
+  const LookupResult& lookup = *found;
+  switch (opt.mode) {
+    case ReuseMode::kLoad:
+      *load = hits;
+      break;
+    case ReuseMode::kRecompute:
+      *recompute = hits;
+      break;
+    case ReuseMode::kSplit:
+      *recompute = std::min(opt.split_blocks, hits);
+      *load = hits - *recompute;
+      break;
+    case ReuseMode::kAuto:
+      if (planner_ == nullptr) {
+        *load = hits;
+      } else {
+        PlanRequest req;
+        req.prompt_tokens = n;
+        req.resident_blocks = resident;
+        for (uint32_t i = 0; i < hits; ++i) {
+          const int src = lookup.source[i];
+          req.block_tier.push_back(
+              src >= 0 && src < static_cast<int>(planner_tier_.size()) ? planner_tier_[src] : -1);
+        }
+        r->plan = planner_->Choose(req);
+        r->planned = true;
+        *recompute = r->plan.recompute_blocks;
+        *load = r->plan.load_blocks;
+      }
+      break;
+  }
+}
+
 Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOptions& opt) {
   const double t0 = MonotonicSeconds();
   const uint32_t n = static_cast<uint32_t>(prompt.size());
@@ -229,39 +267,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
         std::span<const BlockKey>(keys).subspan(resident, usable - resident), opt.request);
     if (lookup.ok()) r.tier_hit_blocks = lookup->hit_blocks;
   }
-  const uint32_t hits = r.tier_hit_blocks;
-  if (hits > 0) {
-    switch (opt.mode) {
-      case ReuseMode::kLoad:
-        load = hits;
-        break;
-      case ReuseMode::kRecompute:
-        recompute = hits;
-        break;
-      case ReuseMode::kSplit:
-        recompute = std::min(opt.split_blocks, hits);
-        load = hits - recompute;
-        break;
-      case ReuseMode::kAuto:
-        if (planner_ == nullptr) {
-          load = hits;
-        } else {
-          PlanRequest req;
-          req.prompt_tokens = n;
-          req.resident_blocks = resident;
-          for (uint32_t i = 0; i < hits; ++i) {
-            const int src = lookup->source[i];
-            req.block_tier.push_back(
-                src >= 0 && src < static_cast<int>(planner_tier_.size()) ? planner_tier_[src] : -1);
-          }
-          r.plan = planner_->Choose(req);
-          r.planned = true;
-          recompute = r.plan.recompute_blocks;
-          load = r.plan.load_blocks;
-        }
-        break;
-    }
-  }
+  ChooseReuse(lookup, n, resident, opt, &r, &recompute, &load);
 
   // Blocks for everything not in the pool: prompt and decode positions.
   while (table.size() < total_blocks) {
@@ -271,55 +277,29 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   const double t_lookup = MonotonicSeconds();
   r.lookup_s = t_lookup - t0;
 
-  // Load [resident + recompute, resident + recompute + load) straight into the pool blocks.
-  uint32_t loaded = 0;
+  // Load [resident + recompute, + load) straight into the pool blocks, and compute the rest:
+  // one after the other, or layer by layer with the load under the compute.
   const uint32_t load_begin = resident + recompute;
-  if (load > 0) {
-    Result<LookupResult> tail = Status::NotFound("no lookup");
-    const LookupResult* src = &*lookup;
-    if (recompute > 0) {  // Load serves a lookup's leading blocks: look the tail up alone
-      lookup = Status::NotFound("released");  // unpin the head
-      tail = cache_->LookupKeys(std::span<const BlockKey>(keys).subspan(load_begin, load),
-                                opt.request);
-      src = tail.ok() ? &*tail : nullptr;
-    }
-    if (src != nullptr) {
-      const uint32_t want = std::min(load, src->hit_blocks);
-      std::vector<MutableBlock> dst;
-      dst.reserve(want);
-      for (uint32_t i = 0; i < want; ++i) dst.push_back(pool_->block(table[load_begin + i]));
-      Result<LoadResult> lr = cache_->Load(*src, dst);
-      if (lr.ok()) {
-        loaded = lr->loaded_blocks;
-        r.bytes_loaded = uint64_t{loaded} * pool_->block_bytes();
-        for (uint32_t i = 0; i < loaded; ++i) {
-          const int t = src->source[i];
-          if (t >= 0 && t < kMaxTiers) ++r.loaded_by_tier[t];
-        }
-        for (uint32_t i = loaded; i < want; ++i) ++r.load_failed_blocks;
-      } else {
-        r.load_failed_blocks = want;
-      }
-    }
+  const uint32_t want = load > 0 && lookup.ok() ? std::min(load, lookup->hit_blocks - recompute) : 0;
+  std::vector<MutableBlock> dst;
+  for (uint32_t i = 0; i < want; ++i) dst.push_back(pool_->block(table[load_begin + i]));
+  const Span span{prompt, table, resident, load_begin, prompt_blocks};
+  uint32_t loaded = 0;
+  if (want > 0 && opt.layerwise) {
+    KVTIER_ASSIGN_OR_RETURN(loaded, LoadLayerwise(*lookup, recompute, dst, span, opt, &r));
+  } else {
+    if (want > 0) loaded = LoadBlocks(*lookup, recompute, dst, &r);
+    lookup = Status::NotFound("released");  // unpin before computing
+    r.load_s = MonotonicSeconds() - t_lookup;
+    KVTIER_RETURN_IF_ERROR(ComputeBlocks(span, load_begin, load_begin + loaded, &r));
   }
-  lookup = Status::NotFound("released");  // unpin before computing
+  lookup = Status::NotFound("released");
   r.loaded_blocks = loaded;
-  const double t_load = MonotonicSeconds();
-  r.load_s = t_load - t_lookup;
-
-  // Compute the head [resident, load_begin) and everything after the loaded run.
+  r.bytes_loaded = uint64_t{loaded} * pool_->block_bytes();
   const uint32_t load_end = load_begin + loaded;
-  std::vector<float>& logits = r.logits;
-  for (uint32_t b = resident; b < prompt_blocks; ++b) {
-    if (b >= load_begin && b < load_end) continue;
-    const uint32_t begin = b * bt, end = std::min(n, begin + bt);
-    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(prompt.subspan(begin, end - begin), begin, table,
-                                               pool_.get(), end == n ? &logits : nullptr));
-    r.computed_tokens += end - begin;
-  }
   const double t_compute = MonotonicSeconds();
-  r.compute_s = t_compute - t_load;
   r.ttft_s = t_compute - t0;
+  r.compute_s = r.ttft_s - r.lookup_s - r.load_s;
 
   // Publish the prompt's full blocks; store the computed ones down the tiers.
   if (opt.use_pool) {
@@ -345,7 +325,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
 
   // Greedy decode; the first token comes from the prompt's logits.
   std::vector<float> step;
-  TokenId tok = Argmax(logits);
+  TokenId tok = Argmax(r.logits);
   r.generated.push_back(tok);
   for (uint32_t k = 1; k < decode; ++k) {
     KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(std::span<const TokenId>(&tok, 1), n + k - 1, table,
@@ -355,6 +335,97 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   }
   r.decode_s = MonotonicSeconds() - t_store;
   return r;
+}
+
+uint32_t Engine::LoadBlocks(const LookupResult& lookup, uint32_t first,
+                            std::span<const MutableBlock> dst, TurnResult* r) {
+  Result<LoadResult> lr = cache_->Load(lookup, first, dst);
+  if (!lr.ok()) {
+    r->load_failed_blocks += static_cast<uint32_t>(dst.size());
+    return 0;
+  }
+  CountLoaded(lookup, first, *lr, r);
+  return lr->loaded_blocks;
+}
+
+void Engine::CountLoaded(const LookupResult& lookup, uint32_t first, const LoadResult& lr,
+                         TurnResult* r) {
+  for (uint32_t i = 0; i < lr.loaded_blocks; ++i) {
+    const int t = lookup.source[first + i];
+    if (t >= 0 && t < kMaxTiers) ++r->loaded_by_tier[t];
+  }
+  r->load_failed_blocks += static_cast<uint32_t>(lr.block_status.size()) - lr.loaded_blocks;
+}
+
+Status Engine::ComputeBlocks(const Span& s, uint32_t skip_begin, uint32_t skip_end,
+                             TurnResult* r) {
+  const uint32_t bt = options_.block_tokens, n = static_cast<uint32_t>(s.prompt.size());
+  for (uint32_t b = s.resident; b < s.prompt_blocks; ++b) {
+    if (b >= skip_begin && b < skip_end) continue;
+    const uint32_t begin = b * bt, end = std::min(n, begin + bt);
+    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(s.prompt.subspan(begin, end - begin), begin,
+                                               s.table, pool_.get(),
+                                               end == n ? &r->logits : nullptr));
+    r->computed_tokens += end - begin;
+  }
+  return Status::Ok();
+}
+
+Result<uint32_t> Engine::LoadLayerwise(const LookupResult& lookup, uint32_t first,
+                                       std::span<const MutableBlock> dst, const Span& s,
+                                       const TurnOptions& opt, TurnResult* r) {
+  const auto timeout = std::chrono::milliseconds(opt.load_timeout_ms);
+  Result<std::unique_ptr<LayerwiseLoad>> lw = cache_->LoadLayerwise(lookup, first, dst);
+  if (!lw.ok()) {  // nothing started: every block is computed
+    r->load_failed_blocks += static_cast<uint32_t>(dst.size());
+    KVTIER_RETURN_IF_ERROR(ComputeBlocks(s, 0, 0, r));
+    return uint32_t{0};
+  }
+  const uint32_t bt = options_.block_tokens, n = static_cast<uint32_t>(s.prompt.size());
+  const uint32_t load_end = s.load_begin + static_cast<uint32_t>(dst.size());
+  std::vector<Model::Chunk> chunks;
+  for (uint32_t b = s.resident; b < s.prompt_blocks; ++b) {
+    if (b >= s.load_begin && b < load_end) continue;
+    chunks.push_back({b * bt, std::min(n, b * bt + bt) - b * bt});
+  }
+  double waited = 0;
+  const Status pass = model_.ForwardLayerwise(
+      s.prompt, chunks, s.table, pool_.get(), &r->logits, [&](uint32_t layer) {
+        const double w0 = MonotonicSeconds();
+        Status st = (*lw)->WaitLayer(layer, timeout);
+        waited += MonotonicSeconds() - w0;
+        return st;
+      });
+  if (!pass.ok()) (*lw)->Cancel();
+  const double f0 = MonotonicSeconds();
+  Result<LoadResult> lr = (*lw)->Finish(timeout);
+  waited += MonotonicSeconds() - f0;
+  lw->reset();  // joins the loader: no byte lands after this
+  uint32_t loaded = 0;
+  if (lr.ok()) {
+    CountLoaded(lookup, first, *lr, r);
+    loaded = lr->loaded_blocks;
+  } else {
+    r->load_failed_blocks += static_cast<uint32_t>(dst.size());
+  }
+  r->load_s = waited;
+  if (pass.ok() && loaded == dst.size()) {
+    for (const Model::Chunk& c : chunks) r->computed_tokens += c.n;
+    return loaded;
+  }
+  // A block that failed, and every chunk after it that attended to it, is computed again;
+  // when the pass itself stopped, its unfinished chunks before the load are too.
+  r->layerwise_fallbacks += 1;
+  if (!pass.ok()) {
+    KVTIER_RETURN_IF_ERROR(ComputeBlocks(s, s.load_begin, s.load_begin + loaded, r));
+  } else {
+    Span tail = s;
+    tail.resident = s.load_begin + loaded;
+    KVTIER_RETURN_IF_ERROR(ComputeBlocks(tail, 0, 0, r));
+    for (const Model::Chunk& c : chunks)
+      if (c.pos / bt < s.load_begin) r->computed_tokens += c.n;
+  }
+  return loaded;
 }
 
 }  // namespace kvtier::engine

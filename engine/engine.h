@@ -59,6 +59,10 @@ struct TurnOptions {
   bool use_cache = true;       // look up, load and store through the attached Cache
   ReuseMode mode = ReuseMode::kAuto;
   uint32_t split_blocks = 0;  // kSplit: recompute this many leading cached blocks
+  // Load layer by layer under the compute (Cache::LoadLayerwise): layer l of the new tokens
+  // runs while layer l + 1 of the prefix is read. Same logits, bit for bit.
+  bool layerwise = false;
+  uint32_t load_timeout_ms = 30000;  // a load slower than this is abandoned: recomputed
   RequestOptions request;
 };
 
@@ -71,6 +75,7 @@ struct TurnResult {
   uint32_t loaded_blocks = 0;    // actually loaded from tiers
   std::array<uint32_t, kMaxTiers> loaded_by_tier{};
   uint32_t load_failed_blocks = 0;
+  uint32_t layerwise_fallbacks = 0;  // layer-wise passes redone because a block failed
   uint32_t computed_tokens = 0;
   uint32_t stored_blocks = 0;  // newly written to a tier
   uint64_t bytes_loaded = 0;
@@ -79,7 +84,7 @@ struct TurnResult {
   Plan plan;            // what the planner chose (when planned)
   double ttft_s = 0;    // turn start -> logits of the last prompt token
   double lookup_s = 0;  // hashing + pool match + Cache lookup + plan
-  double load_s = 0;
+  double load_s = 0;  // layer-wise: the time the compute waited for the load
   double compute_s = 0;
   double store_s = 0;  // after TTFT
   double decode_s = 0;
@@ -115,8 +120,32 @@ class Engine {
   Result<TurnResult> RunTurn(std::span<const TokenId> prompt, const TurnOptions& options = {});
 
  private:
+  // The blocks of a turn's prompt: [resident, prompt_blocks) are loaded or computed.
+  struct Span {
+    std::span<const TokenId> prompt;
+    std::span<const BlockId> table;
+    uint32_t resident = 0;
+    uint32_t load_begin = 0;
+    uint32_t prompt_blocks = 0;
+  };
   Engine(EngineOptions options, Model model, std::unique_ptr<KvPool> pool,
          std::string model_revision);
+  // How many of the tier hits to recompute (the head) and to load: by opt.mode or the planner.
+  void ChooseReuse(const Result<LookupResult>& lookup, uint32_t n, uint32_t resident,
+                   const TurnOptions& opt, TurnResult* r, uint32_t* recompute,
+                   uint32_t* load) const;
+  // Cache::Load of dst (blocks first.. of lookup); returns the leading blocks delivered.
+  uint32_t LoadBlocks(const LookupResult& lookup, uint32_t first, std::span<const MutableBlock> dst,
+                      TurnResult* r);
+  void CountLoaded(const LookupResult& lookup, uint32_t first, const LoadResult& lr,
+                   TurnResult* r);
+  // Computes blocks [s.resident, s.prompt_blocks) but [skip_begin, skip_end), chunk by chunk.
+  Status ComputeBlocks(const Span& s, uint32_t skip_begin, uint32_t skip_end, TurnResult* r);
+  // Loads dst layer by layer while computing the other blocks; recomputes what a failed block
+  // touched. Returns the leading blocks delivered.
+  Result<uint32_t> LoadLayerwise(const LookupResult& lookup, uint32_t first,
+                                 std::span<const MutableBlock> dst, const Span& s,
+                                 const TurnOptions& opt, TurnResult* r);
   BlockKey Root(const RequestOptions& request) const;
 
   EngineOptions options_;

@@ -103,14 +103,13 @@ Result<Model> Model::Create(ModelConfig config, std::shared_ptr<const Weights> w
   return Model(std::move(config), std::move(weights));
 }
 
-Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
-                           std::span<const BlockId> table, KvPool* pool,
-                           std::vector<float>* logits) {
+Status Model::CheckChunk(std::span<const TokenId> tokens, uint32_t pos,
+                         std::span<const BlockId> table, const KvPool& pool) const {
   const ModelConfig& c = config_;
   const uint32_t n = static_cast<uint32_t>(tokens.size());
-  const uint32_t bt = pool->layout().block_tokens;
-  if (pool->layout() != c.Layout(bt)) {
-    return Status::InvalidArgument("forward: pool layout " + pool->layout().ToString() +
+  const uint32_t bt = pool.layout().block_tokens;
+  if (pool.layout() != c.Layout(bt)) {
+    return Status::InvalidArgument("forward: pool layout " + pool.layout().ToString() +
                                    " does not fit model " + c.name);
   }
   if (n == 0) return Status::InvalidArgument("forward: empty chunk");
@@ -134,78 +133,127 @@ Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
                                      std::to_string(c.vocab_size));
     }
   }
+  return Status::Ok();
+}
 
+void Model::BeginChunk(std::span<const TokenId> tokens, uint32_t pos, ChunkState* s) const {
+  const uint32_t n = static_cast<uint32_t>(tokens.size());
+  const uint32_t d = config_.d_model, half = config_.head_dim() / 2;
+  s->pos = pos;
+  s->n = n;
+  s->x.resize(size_t{n} * d);
+  for (uint32_t t = 0; t < n; ++t) {
+    std::memcpy(&s->x[size_t{t} * d], &weights_->embedding[size_t{tokens[t]} * d],
+                d * sizeof(float));
+  }
+  // RoPE (adjacent pairs, the GGUF "llama" convention) for the chunk's positions.
+  s->cos.resize(size_t{n} * half);
+  s->sin.resize(size_t{n} * half);
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(pos + t) * static_cast<double>(inv_freq_[i]);
+      s->cos[size_t{t} * half + i] = static_cast<float>(std::cos(angle));
+      s->sin[size_t{t} * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+void Model::Rope(const ChunkState& s, float* rows, uint32_t heads, uint32_t stride) const {
+  const uint32_t hd = config_.head_dim(), half = hd / 2;
+  for (uint32_t t = 0; t < s.n; ++t) {
+    for (uint32_t hh = 0; hh < heads; ++hh) {
+      float* v = rows + size_t{t} * stride + size_t{hh} * hd;
+      for (uint32_t i = 0; i < half; ++i) {
+        const float c0 = s.cos[size_t{t} * half + i], s0 = s.sin[size_t{t} * half + i];
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c0 - b * s0;
+        v[2 * i + 1] = a * s0 + b * c0;
+      }
+    }
+  }
+}
+
+void Model::Layer(uint32_t l, ChunkState* s, std::span<const BlockId> table, KvPool* pool) {
+  const ModelConfig& c = config_;
+  const uint32_t n = s->n, pos = s->pos, bt = pool->layout().block_tokens;
   const uint32_t d = c.d_model, hd = c.head_dim(), qdim = c.num_heads * hd,
                  kvdim = c.num_kv_heads * hd, f = c.ffn_dim;
-  x_.resize(size_t{n} * d);
   h_.resize(size_t{n} * d);
   q_.resize(size_t{n} * qdim);
   attn_.resize(size_t{n} * qdim);
   tmp_.resize(size_t{n} * d);
   gate_.resize(size_t{n} * f);
   up_.resize(size_t{n} * f);
-  for (uint32_t t = 0; t < n; ++t) {
-    std::memcpy(&x_[size_t{t} * d], &weights_->embedding[size_t{tokens[t]} * d], d * sizeof(float));
-  }
-
-  // RoPE (adjacent pairs, the GGUF "llama" convention) for the chunk's positions.
-  const uint32_t half = hd / 2;
-  std::vector<float> cs(size_t{n} * half), sn(size_t{n} * half);
-  for (uint32_t t = 0; t < n; ++t) {
-    for (uint32_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos + t) * static_cast<double>(inv_freq_[i]);
-      cs[size_t{t} * half + i] = static_cast<float>(std::cos(angle));
-      sn[size_t{t} * half + i] = static_cast<float>(std::sin(angle));
-    }
-  }
-  auto rope = [&](float* rows, uint32_t heads, uint32_t stride) {
-    for (uint32_t t = 0; t < n; ++t) {
-      for (uint32_t hh = 0; hh < heads; ++hh) {
-        float* v = rows + size_t{t} * stride + size_t{hh} * hd;
-        for (uint32_t i = 0; i < half; ++i) {
-          const float c0 = cs[size_t{t} * half + i], s0 = sn[size_t{t} * half + i];
-          const float a = v[2 * i], b = v[2 * i + 1];
-          v[2 * i] = a * c0 - b * s0;
-          v[2 * i + 1] = a * s0 + b * c0;
-        }
-      }
-    }
-  };
-
+  std::vector<float>& x = s->x;
   const BlockId cur = table[pos / bt];
   const uint32_t off = pos % bt;
-  for (uint32_t l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& w = weights_->layers[l];
-    RmsNorm(x_.data(), n, d, w.attn_norm, c.norm_eps, h_.data());
-    Linear(h_.data(), n, d, w.wq, qdim, q_.data(), qdim);
-    float* k_rows = pool->K(cur, l) + size_t{off} * kvdim;
-    float* v_rows = pool->V(cur, l) + size_t{off} * kvdim;
-    Linear(h_.data(), n, d, w.wk, kvdim, k_rows, kvdim);
-    Linear(h_.data(), n, d, w.wv, kvdim, v_rows, kvdim);
-    rope(q_.data(), c.num_heads, qdim);
-    rope(k_rows, c.num_kv_heads, kvdim);
-    Attention(l, pos, n, table, pool);
-    Linear(attn_.data(), n, qdim, w.wo, d, tmp_.data(), d);
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+  const LayerWeights& w = weights_->layers[l];
+  RmsNorm(x.data(), n, d, w.attn_norm, c.norm_eps, h_.data());
+  Linear(h_.data(), n, d, w.wq, qdim, q_.data(), qdim);
+  float* k_rows = pool->K(cur, l) + size_t{off} * kvdim;
+  float* v_rows = pool->V(cur, l) + size_t{off} * kvdim;
+  Linear(h_.data(), n, d, w.wk, kvdim, k_rows, kvdim);
+  Linear(h_.data(), n, d, w.wv, kvdim, v_rows, kvdim);
+  Rope(*s, q_.data(), c.num_heads, qdim);
+  Rope(*s, k_rows, c.num_kv_heads, kvdim);
+  Attention(l, pos, n, table, pool);
+  Linear(attn_.data(), n, qdim, w.wo, d, tmp_.data(), d);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp_[i];
 
-    RmsNorm(x_.data(), n, d, w.ffn_norm, c.norm_eps, h_.data());
-    Linear(h_.data(), n, d, w.w_gate, f, gate_.data(), f);
-    Linear(h_.data(), n, d, w.w_up, f, up_.data(), f);
-    for (size_t i = 0; i < gate_.size(); ++i) {
-      const float g = gate_[i];
-      gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+  RmsNorm(x.data(), n, d, w.ffn_norm, c.norm_eps, h_.data());
+  Linear(h_.data(), n, d, w.w_gate, f, gate_.data(), f);
+  Linear(h_.data(), n, d, w.w_up, f, up_.data(), f);
+  for (size_t i = 0; i < gate_.size(); ++i) {
+    const float g = gate_[i];
+    gate_[i] = g / (1.0f + std::exp(-g)) * up_[i];
+  }
+  Linear(gate_.data(), n, f, w.w_down, d, tmp_.data(), d);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += tmp_[i];
+}
+
+void Model::Logits(const ChunkState& s, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const uint32_t d = c.d_model;
+  h_.resize(d);
+  RmsNorm(&s.x[size_t{s.n - 1} * d], 1, d, weights_->final_norm, c.norm_eps, h_.data());
+  logits->resize(c.vocab_size);
+  blas::Sgemv(static_cast<int>(c.vocab_size), static_cast<int>(d), 1.0f,
+              weights_->output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
+              logits->data(), 1);
+}
+
+Status Model::ForwardChunk(std::span<const TokenId> tokens, uint32_t pos,
+                           std::span<const BlockId> table, KvPool* pool,
+                           std::vector<float>* logits) {
+  KVTIER_RETURN_IF_ERROR(CheckChunk(tokens, pos, table, *pool));
+  BeginChunk(tokens, pos, &chunk_);
+  for (uint32_t l = 0; l < config_.num_layers; ++l) Layer(l, &chunk_, table, pool);
+  if (logits != nullptr) Logits(chunk_, logits);
+  return Status::Ok();
+}
+
+Status Model::ForwardLayerwise(std::span<const TokenId> prompt, std::span<const Chunk> chunks,
+                               std::span<const BlockId> table, KvPool* pool,
+                               std::vector<float>* logits, const LayerGate& before_layer) {
+  if (chunks.empty()) return Status::InvalidArgument("forward: no chunks");
+  for (const Chunk& ch : chunks) {
+    if (uint64_t{ch.pos} + ch.n > prompt.size()) {
+      return Status::InvalidArgument("forward: chunk [" + std::to_string(ch.pos) + ", +" +
+                                     std::to_string(ch.n) + ") passes the prompt's " +
+                                     std::to_string(prompt.size()) + " tokens");
     }
-    Linear(gate_.data(), n, f, w.w_down, d, tmp_.data(), d);
-    for (size_t i = 0; i < x_.size(); ++i) x_[i] += tmp_[i];
+    KVTIER_RETURN_IF_ERROR(CheckChunk(prompt.subspan(ch.pos, ch.n), ch.pos, table, *pool));
   }
-
-  if (logits != nullptr) {
-    RmsNorm(&x_[size_t{n - 1} * d], 1, d, weights_->final_norm, c.norm_eps, h_.data());
-    logits->resize(c.vocab_size);
-    blas::Sgemv(static_cast<int>(c.vocab_size), static_cast<int>(d), 1.0f,
-                weights_->output_matrix().data(), static_cast<int>(d), h_.data(), 1, 0.0f,
-                logits->data(), 1);
+  std::vector<ChunkState>& states = layerwise_;
+  states.resize(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    BeginChunk(prompt.subspan(chunks[i].pos, chunks[i].n), chunks[i].pos, &states[i]);
   }
+  for (uint32_t l = 0; l < config_.num_layers; ++l) {
+    if (before_layer) KVTIER_RETURN_IF_ERROR(before_layer(l));
+    for (ChunkState& s : states) Layer(l, &s, table, pool);
+  }
+  if (logits != nullptr) Logits(states.back(), logits);
   return Status::Ok();
 }
 

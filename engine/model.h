@@ -16,6 +16,7 @@
 #define KVTIER_ENGINE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -50,8 +51,34 @@ class Model {
   Status ForwardChunk(std::span<const TokenId> tokens, uint32_t pos, std::span<const BlockId> table,
                       KvPool* pool, std::vector<float>* logits);
 
+  // The chunks [pos, pos + n) of prompt, run layer by layer: layer l of every chunk (in the
+  // order given) before layer l + 1 of any, calling before_layer(l) first (a layer-wise load
+  // waits there for layer l of its blocks; a non-OK Status stops the pass and is returned).
+  // Each chunk does exactly ForwardChunk's arithmetic on the same inputs, so the KV and logits
+  // (of the last chunk's last token) match chunk-by-chunk prefill bit for bit. Errors as
+  // ForwardChunk's, checked for every chunk before any runs.
+  struct Chunk {
+    uint32_t pos = 0;
+    uint32_t n = 0;
+  };
+  using LayerGate = std::function<Status(uint32_t layer)>;
+  Status ForwardLayerwise(std::span<const TokenId> prompt, std::span<const Chunk> chunks,
+                          std::span<const BlockId> table, KvPool* pool, std::vector<float>* logits,
+                          const LayerGate& before_layer);
+
  private:
+  // A chunk between layers: its hidden state and RoPE tables.
+  struct ChunkState {
+    uint32_t pos = 0, n = 0;
+    std::vector<float> x, cos, sin;
+  };
   Model(ModelConfig config, std::shared_ptr<const Weights> weights);
+  Status CheckChunk(std::span<const TokenId> tokens, uint32_t pos, std::span<const BlockId> table,
+                    const KvPool& pool) const;
+  void BeginChunk(std::span<const TokenId> tokens, uint32_t pos, ChunkState* s) const;
+  void Rope(const ChunkState& s, float* rows, uint32_t heads, uint32_t stride) const;
+  void Layer(uint32_t layer, ChunkState* s, std::span<const BlockId> table, KvPool* pool);
+  void Logits(const ChunkState& s, std::vector<float>* logits);
   void Attention(uint32_t layer, uint32_t pos, uint32_t n, std::span<const BlockId> table,
                  KvPool* pool);
 
@@ -59,7 +86,9 @@ class Model {
   std::shared_ptr<const Weights> weights_;
   std::vector<float> inv_freq_;  // RoPE: theta^(-2i/head_dim)
   // Scratch, resized on demand.
-  std::vector<float> x_, h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_, inv_sum_;
+  std::vector<float> h_, q_, attn_, tmp_, gate_, up_, qg_, scores_, outg_, kc_, vc_, inv_sum_;
+  ChunkState chunk_;
+  std::vector<ChunkState> layerwise_;
 };
 
 }  // namespace kvtier::engine

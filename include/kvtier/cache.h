@@ -22,6 +22,7 @@
 #ifndef KVTIER_CACHE_H_
 #define KVTIER_CACHE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -84,6 +85,43 @@ struct CacheOptions {
   Status Validate() const;
 };
 
+// A load of whole blocks that lands layer by layer (KvLayout: each block holds layer 0's K and
+// V, then layer 1's, ...). Tiers that read slices (host, disk) deliver layer l of every block
+// before layer l + 1 of any, so an engine computes layer l while layer l + 1 is read; blocks of
+// other tiers (remote) arrive whole before layer 0 is reported. A block is checked whole, once
+// every layer is in: until Finish() says which blocks are good, what was computed from them is
+// provisional (a failed block is recomputed, and so is what attended to it).
+//
+// Thread-safety: one thread calls its methods; the load's own thread only fills the buffers.
+class LayerwiseLoad {
+ public:
+  class State;
+  explicit LayerwiseLoad(std::unique_ptr<State> state);
+  // Cancel()s.
+  ~LayerwiseLoad();
+  LayerwiseLoad(const LayerwiseLoad&) = delete;
+  LayerwiseLoad& operator=(const LayerwiseLoad&) = delete;
+
+  uint32_t num_layers() const;
+  uint32_t num_blocks() const;
+  // OK once layer `layer` of every block is in place, or the load has stopped (cancelled, or
+  // every block failed: Finish says which). Unavailable("... timed out ...") when the timeout
+  // passes first (the load goes on); InvalidArgument for layer >= num_layers().
+  Status WaitLayer(uint32_t layer, std::chrono::milliseconds timeout);
+  // Waits for every layer, checks each block whole against its checksum and returns what Load
+  // would have: loaded_blocks is the leading run of good blocks, block_status says why the others
+  // failed (a corrupt block is dropped from its tier). Blocks read from below the first
+  // byte-holding tier are promoted into it as Load does. Unavailable when the timeout passes
+  // first; InvalidArgument when called again after it returned a result.
+  Result<LoadResult> Finish(std::chrono::milliseconds timeout);
+  // Stops before the next layer and waits for the one being read; no buffer is touched after
+  // it returns. Finish() then reports the blocks not fully loaded as failed.
+  void Cancel();
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 class Cache final : public KvCache {
  public:
   // Builds the tiers and policies. InvalidArgument for bad options (naming the key); the
@@ -115,6 +153,11 @@ class Cache final : public KvCache {
   // first. InvalidArgument when the range passes hit_blocks or a buffer has the wrong size.
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                           std::span<const MutableBlock> dst);
+  // The same blocks, landing one layer at a time (see LayerwiseLoad) from a thread of the
+  // load's own: returns at once. The lookup's pins must be held, and dst kept, until the load
+  // is finished or destroyed; the load must end before the Cache does. InvalidArgument as Load.
+  Result<std::unique_ptr<LayerwiseLoad>> LoadLayerwise(const LookupResult& lookup, uint32_t first,
+                                                       std::span<const MutableBlock> dst);
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
   // more blocks than full blocks in tokens, or a buffer has the wrong size. With asynchronous

@@ -159,20 +159,27 @@ void Cache::Impl::DropBlock(TierState& st, const BlockKey& key) {
   Emit(KvEvent::Type::kRemoved, key, st.index);
 }
 
-Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
-                                     std::span<const MutableBlock> dst, bool promote_now) {
-  const uint64_t t0 = MonotonicNs();
+Status Cache::Impl::CheckLoad(const char* op, const LookupResult& lookup, uint32_t first,
+                              std::span<const MutableBlock> dst) const {
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (uint64_t{first} + dst.size() > lookup.hit_blocks)
-    return Status::InvalidArgument("Load: blocks " + std::to_string(first) + ".." +
+    return Status::InvalidArgument(std::string(op) + ": blocks " + std::to_string(first) + ".." +
                                    std::to_string(uint64_t{first} + dst.size()) +
                                    " asked of a lookup of " + std::to_string(lookup.hit_blocks) +
                                    " hit blocks");
   for (size_t i = 0; i < dst.size(); ++i)
     if (dst[i].size() != block_bytes)
-      return Status::InvalidArgument("Load: buffer " + std::to_string(i) + " has " +
+      return Status::InvalidArgument(std::string(op) + ": buffer " + std::to_string(i) + " has " +
                                      std::to_string(dst[i].size()) + " bytes, a block has " +
                                      std::to_string(block_bytes));
+  return Status::Ok();
+}
+
+Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
+                                     std::span<const MutableBlock> dst, bool promote_now) {
+  const uint64_t t0 = MonotonicNs();
+  const uint64_t block_bytes = options_.layout.bytes_per_block();
+  KVTIER_RETURN_IF_ERROR(CheckLoad("Load", lookup, first, dst));
   LoadResult r;
   r.block_status.assign(dst.size(), Status::Ok());
   const size_t n = dst.size();
@@ -254,39 +261,45 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
   r.bytes = uint64_t{r.loaded_blocks} * block_bytes;
   load_failed_blocks_.fetch_add(n - r.loaded_blocks, std::memory_order_relaxed);
 
-  // Promote blocks that came from below into the first byte-holding tier: in the background
-  // (re-read from their tier, off the caller's path) when writes are asynchronous.
-  if (options_.promote_on_load && r.loaded_blocks > 0 && tiers_[top_]->caps.stores_bytes) {
-    TierState* top = tiers_[top_].get();
-    WriteJob job;
-    for (uint32_t i = 0; i < r.loaded_blocks; ++i) {
-      if (source_of(i) == top->index) continue;
-      IndexEntry e;
-      if (index_.Get(key_of(i), &e) && (e.tiers & (TierMask{1} << top->index))) continue;
-      job.batch.Add(key_of(i), dst[i], e.checksum, first + i, lookup.hit_tokens(), 0);
-      job.from.push_back(source_of(i));
-    }
-    if (job.batch.size() > 0) {
-      job.batch.now_s = MonotonicSeconds();
-      job.first_target = job.last_target = top->index;
-      if (!async_ || promote_now) {
-        std::fill(job.from.begin(), job.from.end(), int8_t{-1});  // read from dst, here
-        std::vector<WriteJob> jobs;
-        jobs.push_back(std::move(job));
-        RunJobs(jobs);
-      } else {
-        job.promotion = true;
-        job.pins = index_.Pin(job.batch.keys);
-        std::fill(job.batch.blocks.begin(), job.batch.blocks.end(), ConstBlock());
-        // Promotion is an optimisation: a full queue drops it rather than delay the caller.
-        if (!Enqueue(std::move(job), /*wait=*/false))
-          promotions_dropped_.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-  }
+  PromoteLoaded(std::span<const BlockKey>(lookup.keys).subspan(first, n),
+                std::span<const int8_t>(lookup.source).subspan(first, n), first, dst,
+                r.loaded_blocks, lookup.hit_tokens(), promote_now);
   loads_.fetch_add(1, std::memory_order_relaxed);
   load_latency_.Record(MonotonicNs() - t0);
   return r;
+}
+
+void Cache::Impl::PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source,
+                                uint32_t first, std::span<const MutableBlock> dst, uint32_t loaded,
+                                uint64_t hit_tokens, bool promote_now) {
+  // Promote blocks that came from below into the first byte-holding tier: in the background
+  // (re-read from their tier, off the caller's path) when writes are asynchronous.
+  if (!options_.promote_on_load || loaded == 0 || !tiers_[top_]->caps.stores_bytes) return;
+  TierState* top = tiers_[top_].get();
+  WriteJob job;
+  for (uint32_t i = 0; i < loaded; ++i) {
+    if (source[i] == top->index) continue;
+    IndexEntry e;
+    if (index_.Get(keys[i], &e) && (e.tiers & (TierMask{1} << top->index))) continue;
+    job.batch.Add(keys[i], dst[i], e.checksum, first + i, hit_tokens, 0);
+    job.from.push_back(source[i]);
+  }
+  if (job.batch.size() == 0) return;
+  job.batch.now_s = MonotonicSeconds();
+  job.first_target = job.last_target = top->index;
+  if (!async_ || promote_now) {
+    std::fill(job.from.begin(), job.from.end(), int8_t{-1});  // read from dst, here
+    std::vector<WriteJob> jobs;
+    jobs.push_back(std::move(job));
+    RunJobs(jobs);
+    return;
+  }
+  job.promotion = true;
+  job.pins = index_.Pin(job.batch.keys);
+  std::fill(job.batch.blocks.begin(), job.batch.blocks.end(), ConstBlock());
+  // Promotion is an optimisation: a full queue drops it rather than delay the caller.
+  if (!Enqueue(std::move(job), /*wait=*/false))
+    promotions_dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Cache::Impl::NotifySession(uint64_t session_id, SessionEvent event) {
@@ -363,6 +376,12 @@ Result<LoadResult> Cache::Load(const LookupResult& lookup, std::span<const Mutab
 Result<LoadResult> Cache::Load(const LookupResult& lookup, uint32_t first,
                                std::span<const MutableBlock> dst) {
   return impl_->Load(lookup, first, dst);
+}
+
+Result<std::unique_ptr<LayerwiseLoad>> Cache::LoadLayerwise(const LookupResult& lookup,
+                                                            uint32_t first,
+                                                            std::span<const MutableBlock> dst) {
+  return impl_->LoadLayerwise(lookup, first, dst);
 }
 
 void Cache::Flush() { impl_->Flush(); }

@@ -192,6 +192,18 @@ class Cache::Impl {
   // where the host copy is what the client reads), else in the background when async.
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                           std::span<const MutableBlock> dst, bool promote_now = false);
+  // InvalidArgument (prefixed by op) unless blocks [first, first + dst.size()) are hits and
+  // every buffer is one block long.
+  Status CheckLoad(const char* op, const LookupResult& lookup, uint32_t first,
+                   std::span<const MutableBlock> dst) const;
+  // Layer-wise loads (cache_layerwise.cc).
+  Result<std::unique_ptr<LayerwiseLoad>> LoadLayerwise(const LookupResult& lookup, uint32_t first,
+                                                       std::span<const MutableBlock> dst);
+  // Queues (or runs) the promotion of loaded blocks [0, loaded) that came from below tier top_.
+  // keys and source start at block `first` of the lookup.
+  void PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source,
+                     uint32_t first, std::span<const MutableBlock> dst, uint32_t loaded,
+                     uint64_t hit_tokens, bool promote_now);
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block, const RequestOptions& request);
   void NotifySession(uint64_t session_id, SessionEvent event);
@@ -205,6 +217,9 @@ class Cache::Impl {
                          std::span<const uint64_t> checksums, uint32_t first_block);
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
+
+  // Drops key from st (a corrupt or missing block), keeping the index honest.
+  void DropBlock(TierState& st, const BlockKey& key);
 
   const CacheOptions options_;
   BlockKey default_root_;
@@ -242,7 +257,6 @@ class Cache::Impl {
   void Record(TierState& st, const BlockBatch& b, const std::vector<uint32_t>& todo,
               std::span<const Status> put, std::span<Status> results, uint32_t* stored,
               std::vector<PendingEvent>* events);
-  void DropBlock(TierState& st, const BlockKey& key);
   void EmitAll(const std::vector<PendingEvent>& events) {
     for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier);
   }

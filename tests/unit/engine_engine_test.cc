@@ -184,6 +184,89 @@ TEST_F(EngineWithCache, RemoteHitFromAnotherCacheIsBitExact) {
   ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
 }
 
+// A resumed turn loaded layer by layer under the compute gives the same bits as the synchronous
+// load and as a full recompute, from every tier kind (the remote one delivers blocks whole).
+void ExpectLayerwiseMatches(Engine* engine, Cache* cache, const std::vector<TokenId>& p1,
+                            const std::vector<TokenId>& p2, const TurnResult& ref) {
+  ASSERT_TRUE(engine->AttachCache(cache).ok());
+  TurnOptions store;
+  store.mode = ReuseMode::kRecompute;
+  ASSERT_TRUE(engine->RunTurn(p1, store).ok());
+  cache->Flush();
+  for (bool layerwise : {false, true}) {
+    engine->pool().DropUnreferenced();
+    TurnOptions o;
+    o.mode = ReuseMode::kLoad;
+    o.layerwise = layerwise;
+    TurnResult t = engine->RunTurn(p2, o).value();
+    cache->Flush();
+    // The synchronous turn stores p2's blocks 6..8 too: the layer-wise one loads all 9.
+    const uint32_t want = layerwise ? 9 : 6;
+    EXPECT_EQ(t.loaded_blocks, want) << "layerwise " << layerwise;
+    EXPECT_EQ(t.load_failed_blocks, 0u);
+    EXPECT_EQ(t.layerwise_fallbacks, 0u);
+    EXPECT_EQ(t.computed_tokens, p2.size() - want * kBlockTokens);
+    EXPECT_TRUE(SameBits(t.logits, ref.logits)) << "layerwise " << layerwise;
+    EXPECT_EQ(t.generated, ref.generated);
+  }
+  ASSERT_TRUE(engine->AttachCache(nullptr).ok());
+  engine->pool().DropUnreferenced();
+}
+
+TEST_F(EngineWithCache, LayerwiseLoadIsBitExactFromEveryTier) {
+  auto p1 = Tokens(100, 41);
+  auto p2 = p1;
+  auto more = Tokens(45, 42);
+  p2.insert(p2.end(), more.begin(), more.end());
+  TurnResult ref = Recompute(p2);
+  {
+    auto cache = HostCache(*engine_);
+    ExpectLayerwiseMatches(engine_.get(), cache.get(), p1, p2, ref);
+  }
+  {
+    testing::TempDir dir;
+    auto cache = SingleTierCache(*engine_, "disk", {{"path", dir.path()}});
+    ASSERT_NE(cache, nullptr);
+    ExpectLayerwiseMatches(engine_.get(), cache.get(), p1, p2, ref);
+  }
+  std::string reason = testing::RedisMissingReason();
+  if (!reason.empty()) GTEST_SKIP() << "remote part: " << reason;
+  Result<std::unique_ptr<testing::RedisServer>> server = testing::RedisServer::Start({});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto cache = SingleTierCache(*engine_, "remote", {{"url", (*server)->url()}});
+  ASSERT_NE(cache, nullptr);
+  ExpectLayerwiseMatches(engine_.get(), cache.get(), p1, p2, ref);
+}
+
+// A block that fails under a layer-wise pass is recomputed, with every chunk that attended to
+// it: the logits still match a full recompute.
+TEST_F(EngineWithCache, LayerwiseLoadThatFailsIsRecomputed) {
+  auto host = HostCache(*engine_);
+  auto p1 = Tokens(100, 51);
+  auto p2 = p1;
+  auto more = Tokens(30, 52);
+  p2.insert(p2.end(), more.begin(), more.end());
+  ASSERT_TRUE(engine_->AttachCache(host.get()).ok());
+  ASSERT_TRUE(engine_->RunTurn(p1).ok());
+  engine_->pool().DropUnreferenced();
+  // Lookup pins, then the tier loses block 2 behind the Cache's back: its slice read misses.
+  std::vector<BlockKey> keys;
+  HashPrefix(host->Root(), kBlockTokens, p1, &keys);
+  const BlockKey gone[1] = {keys[2]};
+  ASSERT_TRUE(host->tier(0).Erase(gone).ok());
+  TurnOptions o;
+  o.mode = ReuseMode::kLoad;
+  o.layerwise = true;
+  TurnResult t = engine_->RunTurn(p2, o).value();
+  EXPECT_EQ(t.tier_hit_blocks, 6u);
+  EXPECT_EQ(t.loaded_blocks, 2u);  // the leading run before the missing block
+  EXPECT_EQ(t.load_failed_blocks, 4u);
+  EXPECT_EQ(t.layerwise_fallbacks, 1u);
+  EXPECT_EQ(t.computed_tokens, p2.size() - 2 * kBlockTokens);
+  EXPECT_TRUE(SameBits(t.logits, Recompute(p2).logits));
+  ASSERT_TRUE(engine_->AttachCache(nullptr).ok());
+}
+
 TEST_F(EngineWithCache, PoolHitIsBitExactAndTouchesNoTier) {
   auto cache = HostCache(*engine_);
   ASSERT_TRUE(engine_->AttachCache(cache.get()).ok());

@@ -167,6 +167,48 @@ TEST(EngineModel, ChunkAfterCopiedPrefixIsBitExact) {
   SetBlasThreads(1);
 }
 
+// Layer by layer over the chunks after a copied prefix, as a layer-wise load runs them: the
+// same KV and logits as chunk after chunk; a gate that fails stops the pass at that layer.
+TEST(EngineModel, LayerwisePassIsBitExactWithChunkByChunk) {
+  for (int threads : {1, 2}) {
+    SetBlasThreads(threads);
+    Fixture f = Make(16, 32);
+    const uint32_t n = 100, keep = 3;
+    auto toks = Tokens(n, f.config.vocab_size);
+    auto a = Alloc(f.pool.get(), 7), b = Alloc(f.pool.get(), 7);
+    std::vector<float> full = Prefill(&f, toks, a);
+    for (uint32_t i = 0; i < keep; ++i)
+      std::memcpy(f.pool->block(b[i]).data(), f.pool->block(a[i]).data(), f.pool->block_bytes());
+    std::vector<Model::Chunk> chunks;
+    for (uint32_t p = keep * 16; p < n; p += 16) chunks.push_back({p, std::min(16u, n - p)});
+    std::vector<uint32_t> gated;
+    std::vector<float> got;
+    ASSERT_TRUE(f.model
+                    .ForwardLayerwise(toks, chunks, b, f.pool.get(), &got,
+                                      [&](uint32_t l) {
+                                        gated.push_back(l);
+                                        return Status::Ok();
+                                      })
+                    .ok());
+    EXPECT_EQ(gated, (std::vector<uint32_t>{0, 1, 2, 3}));  // tiny has 4 layers, in order
+    ASSERT_EQ(got.size(), full.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), full.data(), full.size() * sizeof(float)))
+        << "threads " << threads;
+    for (uint32_t i = keep; i < 7; ++i)
+      EXPECT_EQ(0, std::memcmp(f.pool->block(b[i]).data(), f.pool->block(a[i]).data(),
+                               f.pool->block_bytes()))
+          << "block " << i;
+    Status stop = f.model.ForwardLayerwise(toks, chunks, b, f.pool.get(), &got, [](uint32_t l) {
+      return l == 2 ? Status::Unavailable("layer 2 never came") : Status::Ok();
+    });
+    EXPECT_EQ(stop.code(), StatusCode::kUnavailable);
+    std::vector<Model::Chunk> past = {{96, 16}};  // passes the prompt's 100 tokens
+    EXPECT_EQ(f.model.ForwardLayerwise(toks, past, b, f.pool.get(), &got, nullptr).code(),
+              StatusCode::kInvalidArgument);
+  }
+  SetBlasThreads(1);
+}
+
 TEST(EngineModel, LogitsDependOnTheWholePrefix) {
   SetBlasThreads(1);
   Fixture f = Make(16, 16);
