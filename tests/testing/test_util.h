@@ -52,12 +52,19 @@ class FaultyTier final : public Tier {
   std::atomic<int> gets{0};
   // Called at the start of every Put (set before use): a test can hold a Put in flight.
   std::function<void()> on_put;
+  // Reads slices (layer-wise loads) when set before the tier is given to a Cache.
+  bool slices = false;
+  // Called at the start of every Get (offset 0) and GetSlice with its offset (set before use).
+  std::function<void(uint64_t offset)> on_get;
 
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                std::span<Status> results) override;
   void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                std::span<Status> results) override;
+  void GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                    std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                    std::span<Status> results) override;
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
