@@ -36,28 +36,17 @@ TEST_P(DiskStoreTest, FlippedPayloadByteIsCorruptionAndTheRestStaysReadable) {
 }
 
 // Logs every request over a real engine, to see where reads land.
-class RecordingEngine final : public IoEngine {
+class RecordingEngine final : public ForwardingEngine {
  public:
   RecordingEngine(std::unique_ptr<IoEngine> inner, std::vector<IoRequest>* log)
-      : inner_(std::move(inner)), log_(log) {
-    queue_depth_ = inner_->queue_depth();
-    registered_ = inner_->registered_buffers();
-  }
-  std::string_view name() const override { return inner_->name(); }
-  IoBackend backend() const override { return inner_->backend(); }
+      : ForwardingEngine(std::move(inner)), log_(log) {}
   void Queue(const IoRequest& request) override {
     EXPECT_LT(inner_->outstanding(), queue_depth_);  // the engine's precondition
     log_->push_back(request);
     inner_->Queue(request);
   }
-  void Submit() override { inner_->Submit(); }
-  uint32_t outstanding() const override { return inner_->outstanding(); }
-  Status Wait(uint32_t min_complete, std::vector<IoCompletion>* out) override {
-    return inner_->Wait(min_complete, out);
-  }
 
  private:
-  std::unique_ptr<IoEngine> inner_;
   std::vector<IoRequest>* log_;
 };
 
