@@ -1,6 +1,7 @@
 // Helpers shared by the DiskStore tests (disk_*_test.cc): a small store's options,
-// deterministic keys and blocks, Put/Get shorthands, file surgery on segments, a fixture run over
-// both I/O backends, and a forked-child runner for checks that change process limits.
+// deterministic keys and blocks, Put/Get shorthands, file surgery on segments, an engine wrapper
+// to watch or break I/O, a fixture run over both I/O backends, and a forked-child runner for checks
+// that change process limits.
 #ifndef KVTIER_TESTS_TESTING_DISK_STORE_UTIL_H_
 #define KVTIER_TESTS_TESTING_DISK_STORE_UTIL_H_
 
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "testing/test_util.h"
@@ -53,6 +56,26 @@ bool UringAvailable();
 // kills after 10 s. Returns the child's result (0: every check passed, else the failed check's
 // number), or -signal when a signal ended it.
 int InChild(int (*checks)());
+
+// An IoEngine over a real one, forwarding every call: tests override what they watch or break.
+class ForwardingEngine : public IoEngine {
+ public:
+  explicit ForwardingEngine(std::unique_ptr<IoEngine> inner) : inner_(std::move(inner)) {
+    queue_depth_ = inner_->queue_depth();
+    registered_ = inner_->registered_buffers();
+  }
+  std::string_view name() const override { return inner_->name(); }
+  IoBackend backend() const override { return inner_->backend(); }
+  void Queue(const IoRequest& request) override { inner_->Queue(request); }
+  void Submit() override { inner_->Submit(); }
+  uint32_t outstanding() const override { return inner_->outstanding(); }
+  Status Wait(uint32_t min_complete, std::vector<IoCompletion>* out) override {
+    return inner_->Wait(min_complete, out);
+  }
+
+ protected:
+  std::unique_ptr<IoEngine> inner_;
+};
 
 // Runs each test over io_uring (skipped where unavailable) and over pread/pwrite.
 class DiskStoreTest : public ::testing::TestWithParam<IoBackend> {

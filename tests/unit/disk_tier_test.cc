@@ -1,5 +1,5 @@
 // DiskTier through the Tier interface and MakeTier("disk"): params, capabilities, the removal
-// listener, and persistence across reopen.
+// listener, persistence across reopen, and layer-wise reads through Tier::GetSlice.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -56,6 +56,7 @@ TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
   EXPECT_TRUE(c.verify_on_load);
   EXPECT_TRUE(c.verifies_reads);
   EXPECT_TRUE(c.stores_bytes);
+  EXPECT_TRUE(c.reads_slices);
   EXPECT_FALSE(c.authoritative);  // a new Cache asks Exists: the files outlive its index
   const auto names = TierKindNames();
   EXPECT_NE(std::find(names.begin(), names.end(), "disk"), names.end());
@@ -176,6 +177,52 @@ TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
     ASSERT_TRUE(res[0].ok()) << res[0].ToString();
     EXPECT_EQ(out, Bytes(i, bb));
   }
+}
+
+TEST(DiskTierTest, GetSliceReadsLayersAndTheBlocksChecksum) {
+  ::kvtier::testing::TempDir dir;
+  const KvLayout layout = SmallLayout();
+  const uint64_t bb = layout.bytes_per_block();
+  const uint64_t layer = bb / layout.num_layers;
+  auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), layout);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Tier& t = **made;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> blocks;
+  for (uint64_t i = 0; i < 3; ++i) {
+    data.push_back(Bytes(i, bb));
+    keys.push_back(Key(i));
+  }
+  for (auto& d : data) blocks.emplace_back(d);
+  std::vector<Status> res(3);
+  ASSERT_TRUE(t.Put(keys, blocks, res).ok());
+  for (auto& r : res) ASSERT_TRUE(r.ok()) << r.ToString();
+
+  keys.push_back(Key(42));  // never stored
+  std::vector<std::vector<std::byte>> got(4, std::vector<std::byte>(bb));
+  for (uint64_t offset = 0; offset < bb; offset += layer) {
+    std::vector<MutableBlock> out;
+    for (auto& g : got) out.emplace_back(g.data() + offset, layer);
+    std::vector<uint64_t> sums(4, 7);
+    res.assign(4, Status());
+    ASSERT_TRUE(t.GetSlice(keys, offset, out, sums, res).ok());
+    for (uint64_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(res[i].ok()) << res[i].ToString();
+      EXPECT_EQ(sums[i], Checksum64(data[i])) << i;
+    }
+    EXPECT_TRUE(res[3].IsNotFound()) << res[3].ToString();
+    EXPECT_EQ(sums[3], 0u);
+  }
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], data[i]) << i;
+
+  // A slice past the block's end: refused per block by Tier::GetSlice.
+  std::vector<std::byte> tail(200);
+  const MutableBlock o[1] = {MutableBlock(tail)};
+  Status r[1];
+  ASSERT_TRUE(t.GetSlice({&keys[0], 1}, bb - 100, o, {}, r).ok());
+  EXPECT_EQ(r[0].code(), StatusCode::kInvalidArgument) << r[0].ToString();
+  EXPECT_NE(r[0].message().find("passes the end"), std::string::npos) << r[0].message();
 }
 
 TEST(DiskTierTest, OtherLayoutOnTheSameDirectoryIsRefused) {

@@ -301,15 +301,10 @@ TEST_P(DiskStoreTest, BatchLargerThanTheCapacityKeepsItsHeadAndRefusesTheTail) {
 // An engine over a real one whose ring breaks when `breaks` is positive (one break each): the
 // Wait that sees it fails as a broken ring's does, the requests it held are lost (they are run
 // to the end first, so no real I/O outlives the test), and every later Wait fails too.
-class BreakableEngine final : public IoEngine {
+class BreakableEngine final : public ForwardingEngine {
  public:
   BreakableEngine(std::unique_ptr<IoEngine> inner, std::atomic<int>* breaks)
-      : inner_(std::move(inner)), breaks_(breaks) {
-    queue_depth_ = inner_->queue_depth();
-    registered_ = inner_->registered_buffers();
-  }
-  std::string_view name() const override { return inner_->name(); }
-  IoBackend backend() const override { return inner_->backend(); }
+      : ForwardingEngine(std::move(inner)), breaks_(breaks) {}
   void Queue(const IoRequest& request) override {
     if (broken_) {
       ++lost_;
@@ -336,7 +331,6 @@ class BreakableEngine final : public IoEngine {
   }
 
  private:
-  std::unique_ptr<IoEngine> inner_;
   std::atomic<int>* breaks_;
   bool broken_ = false;
   uint32_t lost_ = 0;

@@ -1,100 +1,87 @@
-// DiskStore's reader side: Get, on a pooled I/O context, verifying every record it serves.
+// DiskStore's reader side: Get, on a pooled I/O context, verifying every record it serves, and
+// the read loop GetSlice shares (disk_slice_reader.cc).
 #include <cstring>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "tiers/disk/disk_read_batch.h"
 #include "tiers/disk/disk_segment.h"
 #include "tiers/disk/disk_store.h"
 #include "tiers/disk/format.h"
 
 namespace kvtier::disk {
 
-// One Get in flight: the records to read, the reader context's buffers they occupy, and the
-// records found corrupt (dropped from the index at the end).
-struct DiskStore::ReadBatch {
-  struct Want {
-    size_t index;
-    Location loc;
-    std::shared_ptr<Segment> seg;
-  };
-  // Reads that landed in the caller's buffer: their header is checked at once (freeing the
-  // bounce page for the next read), their payload after the next reads are submitted.
-  struct Deferred {
-    size_t want;
-    uint64_t checksum;
-  };
-  ReadBatch(std::span<const BlockKey> k, std::span<const std::span<std::byte>> o,
-            std::span<Status> r)
-      : keys(k), out(o), results(r) {}
-
-  std::span<const BlockKey> keys;
-  std::span<const std::span<std::byte>> out;
-  std::span<Status> results;
-  std::vector<Want> wants;
-  std::unique_ptr<IoContext> ctx;
-  std::vector<size_t> slot;  // buffer -> index into wants
-  std::vector<uint32_t> free_bufs;
-  std::vector<IoCompletion> done;
-  std::vector<std::pair<BlockKey, uint64_t>> corrupt;  // key, seq
-  std::vector<Deferred> deferred;
-  size_t next = 0;  // the next want to queue
-};
-
 void DiskStore::Get(std::span<const BlockKey> keys, std::span<const std::span<std::byte>> out,
                     std::span<Status> results) {
   ReadBatch r(keys, out, results);
-  FindRecords(&r);
-  if (r.wants.empty()) return;
-  r.ctx = AcquireReader();
-  if (r.ctx == nullptr) {
-    for (const ReadBatch::Want& w : r.wants)
-      results[w.index] = Status::Unavailable("no I/O context");
+  RunReads(&r);
+}
+
+void DiskStore::RunReads(ReadBatch* r) {
+  FindRecords(r);
+  if (r->wants.empty()) return;
+  r->ctx = AcquireReader();
+  if (r->ctx == nullptr) {
+    for (const ReadBatch::Want& w : r->wants)
+      r->results[w.index] = Status::Unavailable("no I/O context");
     return;
   }
-  const uint32_t nbuf = static_cast<uint32_t>(r.ctx->buffers.size());
-  r.slot.resize(nbuf);
-  for (uint32_t b = nbuf; b-- > 0;) r.free_bufs.push_back(b);
-  QueueReads(&r);
-  while (r.ctx->engine->outstanding() > 0) {
-    r.done.clear();
-    Status st = r.ctx->engine->Wait(1, &r.done);
+  const uint32_t nbuf = static_cast<uint32_t>(r->ctx->buffers.size());
+  r->slot.resize(nbuf);
+  r->pending.assign(nbuf, 0);
+  for (uint32_t b = nbuf; b-- > 0;) r->free_bufs.push_back(b);
+  QueueReads(r);
+  while (r->ctx->engine->outstanding() > 0) {
+    r->done.clear();
+    Status st = r->ctx->engine->Wait(1, &r->done);
     if (!st.ok()) {
       spdlog::error("disk tier {}: {}; going on with pread/pwrite", options_.path, st.ToString());
-      for (const ReadBatch::Want& w : r.wants) {
-        if (results[w.index].code() == StatusCode::kInternal) {
-          results[w.index] = Status::Unavailable(st.message());
+      for (const ReadBatch::Want& w : r->wants) {
+        if (r->results[w.index].code() == StatusCode::kInternal) {
+          r->results[w.index] = Status::Unavailable(st.message());
+          if (!r->checksums.empty()) r->checksums[w.index] = 0;
         }
       }
       // Not reused, and no new ring either (see Put).
       ring_failed_.store(true, std::memory_order_relaxed);
-      RetireContext(std::move(r.ctx));
+      RetireContext(std::move(r->ctx));
       return;
     }
-    r.deferred.clear();
-    for (const IoCompletion& c : r.done) CheckRead(&r, c);
-    // The device works on the next reads while the landed ones are checked.
-    QueueReads(&r);
-    r.ctx->engine->Submit();
-    for (const ReadBatch::Deferred& d : r.deferred) {
-      const ReadBatch::Want& w = r.wants[d.want];
-      if (Xxh3(out[w.index]) != d.checksum) {
-        ReportCorrupt(&r, d.want, "payload checksum mismatch");
+    r->deferred.clear();
+    for (const IoCompletion& c : r->done) {
+      if (r->slice) {
+        CheckSliceRead(r, c);
       } else {
-        results[w.index] = Status::Ok();
+        CheckRead(r, c);
+      }
+    }
+    // The device works on the next reads while the landed ones are checked.
+    QueueReads(r);
+    r->ctx->engine->Submit();
+    for (const ReadBatch::Deferred& d : r->deferred) {
+      const ReadBatch::Want& w = r->wants[d.want];
+      if (Xxh3(r->out[w.index]) != d.checksum) {
+        ReportCorrupt(r, d.want, "payload checksum mismatch");
+      } else {
+        r->results[w.index] = Status::Ok();
       }
     }
   }
-  ReleaseReader(std::move(r.ctx));
-  DropCorrupt(r.corrupt);
+  ReleaseReader(std::move(r->ctx));
+  DropCorrupt(r->corrupt);
 }
 
 void DiskStore::FindRecords(ReadBatch* r) {
   MutexLock l(&mu_);
   for (size_t i = 0; i < r->keys.size(); ++i) {
-    if (r->out[i].size() != options_.block_bytes) {
-      r->results[i] = Status::InvalidArgument(fmt::format(
-          "buffer of {} bytes, the tier's blocks are {}", r->out[i].size(), options_.block_bytes));
+    // Get fills whole blocks; GetSlice a range that must lie inside one.
+    const uint64_t bb = options_.block_bytes, n = r->out[i].size();
+    if (r->slice ? (r->offset > bb || n > bb - r->offset) : n != bb) {
+      r->results[i] = Status::InvalidArgument(
+          r->slice ? fmt::format("slice [{}, +{}) passes the end of a block of {} bytes", r->offset,
+                                 n, bb)
+                   : fmt::format("buffer of {} bytes, the tier's blocks are {}", n, bb));
       continue;
     }
     auto it = index_.find(r->keys[i]);
@@ -121,6 +108,10 @@ void DiskStore::FindRecords(ReadBatch* r) {
 }
 
 void DiskStore::QueueReads(ReadBatch* r) {
+  if (r->slice) {
+    QueueSliceReads(r);
+    return;
+  }
   IoContext& ctx = *r->ctx;
   while (r->next < r->wants.size() && !r->free_bufs.empty()) {
     const uint32_t b = r->free_bufs.back();
@@ -159,8 +150,26 @@ void DiskStore::CheckRead(ReadBatch* r, const IoCompletion& c) {
     return;
   }
   const std::span<const std::byte> rec(r->ctx->buffers[b].data(), record_bytes_);
+  uint64_t checksum = 0;
+  if (!CheckHeader(r, wi, rec.first(kPageBytes), &checksum)) return;
+  if (ZeroCopy(r->out[w.index].data())) {
+    r->deferred.push_back({wi, checksum});
+    return;
+  }
+  // Bounce path: verify and copy out before the buffer is reused.
+  if (Xxh3(rec.subspan(kPageBytes, options_.block_bytes)) != checksum) {
+    ReportCorrupt(r, wi, "payload checksum mismatch");
+    return;
+  }
+  std::memcpy(r->out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
+  r->results[w.index] = Status::Ok();
+}
+
+bool DiskStore::CheckHeader(ReadBatch* r, size_t want, std::span<const std::byte> page,
+                            uint64_t* payload_checksum) {
+  const ReadBatch::Want& w = r->wants[want];
   ParseError err = ParseError::kNotAHeader;
-  std::optional<RecordHeader> h = ParseRecordHeader(rec, &err);
+  std::optional<RecordHeader> h = ParseRecordHeader(page, &err);
   std::string problem;
   if (!h) {
     problem = std::string(ParseErrorName(err));
@@ -172,20 +181,11 @@ void DiskStore::CheckRead(ReadBatch* r, const IoCompletion& c) {
     problem = "header of another layout";
   }
   if (!problem.empty()) {
-    ReportCorrupt(r, wi, problem);
-    return;
+    ReportCorrupt(r, want, problem);
+    return false;
   }
-  if (ZeroCopy(r->out[w.index].data())) {
-    r->deferred.push_back({wi, h->payload_checksum});
-    return;
-  }
-  // Bounce path: verify and copy out before the buffer is reused.
-  if (Xxh3(rec.subspan(kPageBytes, options_.block_bytes)) != h->payload_checksum) {
-    ReportCorrupt(r, wi, "payload checksum mismatch");
-    return;
-  }
-  std::memcpy(r->out[w.index].data(), rec.data() + kPageBytes, options_.block_bytes);
-  r->results[w.index] = Status::Ok();
+  *payload_checksum = h->payload_checksum;
+  return true;
 }
 
 void DiskStore::ReportCorrupt(ReadBatch* r, size_t want, const std::string& problem) {

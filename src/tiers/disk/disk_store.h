@@ -125,6 +125,15 @@ class DiskStore {
   // results[i]: OK, NotFound, Corruption (dropped), Unavailable (read failed), InvalidArgument.
   void Get(std::span<const BlockKey> keys, std::span<const std::span<std::byte>> out,
            std::span<Status> results);
+  // Copies bytes [offset, offset + out[i].size()) of the block of keys[i] into out[i] (one layer
+  // of a layer-wise load), unverified: when checksums is not empty, also reads the record's
+  // header, checks it as Get does and sets checksums[i] to the whole block's payload checksum
+  // (XXH3-64) for the caller to verify the assembled block; 0 unless results[i] is OK.
+  // results[i]: OK, NotFound, Corruption (a bad header: dropped), Unavailable, InvalidArgument
+  // (the slice passes the block's end).
+  void GetSlice(std::span<const BlockKey> keys, uint64_t offset,
+                std::span<const std::span<std::byte>> out, std::span<uint64_t> checksums,
+                std::span<Status> results);
   void Exists(std::span<const BlockKey> keys, std::span<bool> out) const;
   // Every resident key (for a cache that rebuilds its index over a persistent tier).
   std::vector<BlockKey> Keys() const;
@@ -160,7 +169,7 @@ class DiskStore {
   }
 
   struct PutBatch;   // one Put in flight (disk_writer.cc)
-  struct ReadBatch;  // one Get in flight (disk_reader.cc)
+  struct ReadBatch;  // one Get or GetSlice in flight (disk_read_batch.h)
 
   explicit DiskStore(const DiskOptions& options, RemovalFn on_removed);
 
@@ -215,11 +224,20 @@ class DiskStore {
   void FailWriterRing(PutBatch* b, const Status& st) KVTIER_REQUIRES(write_mu_);
   Status SyncLocked() KVTIER_REQUIRES(write_mu_);
 
-  // Get's steps (disk_reader.cc): find the records, queue reads, check each landed one,
-  // drop those found corrupt from the index.
+  // Get's and GetSlice's steps (disk_reader.cc): find the records, queue reads, check each
+  // landed one, drop those found corrupt from the index. RunReads drives them.
+  void RunReads(ReadBatch* r);
   void FindRecords(ReadBatch* r);
   void QueueReads(ReadBatch* r);
   void CheckRead(ReadBatch* r, const IoCompletion& c);
+  // Whether page is the header of wants[want]'s record (else reported corrupt); sets the
+  // payload checksum it holds.
+  bool CheckHeader(ReadBatch* r, size_t want, std::span<const std::byte> page,
+                   uint64_t* payload_checksum);
+  // GetSlice's reads (disk_slice_reader.cc): each want's header page (when checksums are
+  // asked for) and its slice, in place or through the bounce buffer.
+  void QueueSliceReads(ReadBatch* r);
+  void CheckSliceRead(ReadBatch* r, const IoCompletion& c);
   void ReportCorrupt(ReadBatch* r, size_t want, const std::string& problem);
   void DropCorrupt(const std::vector<std::pair<BlockKey, uint64_t>>& corrupt);
 

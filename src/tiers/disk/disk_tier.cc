@@ -34,6 +34,12 @@ void DiskTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBl
   store_->Get(keys, out, results);
 }
 
+void DiskTier::GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                            std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                            std::span<Status> results) {
+  store_->GetSlice(keys, offset, out, checksums, results);
+}
+
 Status DiskTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
   store_->Exists(keys, out);
   return Status::Ok();
@@ -54,6 +60,8 @@ TierCapabilities DiskTier::CapabilitiesImpl() const {
   c.shared = false;
   c.verify_on_load = true;
   c.verifies_reads = true;  // every record's header key and payload XXH3 are checked on read
+  // A slice is read alone; its block's checksum comes from the record header (GetSlice).
+  c.reads_slices = true;
   return c;
 }
 

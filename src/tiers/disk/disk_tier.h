@@ -4,7 +4,8 @@
 // dropped through the removal listener; it survives restarts (the index is rebuilt from the
 // segment files, and the tier is not authoritative, so a new Cache finds those blocks through
 // Exists). Every read is checked against the record's key and checksum here (verifies_reads),
-// so the Cache does not checksum its blocks again.
+// so the Cache does not checksum its blocks again. GetSlice reads one layer of a record alone
+// (reads_slices), handing back the header's whole-block checksum for the caller to verify.
 //
 // Thread-safety: every method may be called concurrently (see DiskStore). Ownership: the tier
 // owns its store; it never keeps a caller's buffers past a call.
@@ -41,6 +42,9 @@ class DiskTier final : public Tier {
                std::span<Status> results) override;
   void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                std::span<Status> results) override;
+  void GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
+                    std::span<const MutableBlock> out, std::span<uint64_t> checksums,
+                    std::span<Status> results) override;
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
