@@ -305,7 +305,7 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   if (opt.use_pool) {
     for (uint32_t b = resident; b < full; ++b) pool_->Register(table[b], keys[b], b);
   }
-  if (use_cache && !options_.write_back) {
+  if (use_cache && opt.store && !options_.write_back) {
     auto store = [&](uint32_t from, uint32_t to) {
       if (from >= to) return;
       std::vector<ConstBlock> blocks;

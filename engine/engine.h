@@ -57,6 +57,7 @@ struct TurnOptions {
   uint32_t decode_tokens = 4;  // greedy tokens after the prompt (>= 1 gives the first token)
   bool use_pool = true;        // reuse blocks still registered in the pool
   bool use_cache = true;       // look up, load and store through the attached Cache
+  bool store = true;           // store the computed blocks (false: a measurement that repeats)
   ReuseMode mode = ReuseMode::kAuto;
   uint32_t split_blocks = 0;  // kSplit: recompute this many leading cached blocks
   // Load layer by layer under the compute (Cache::LoadLayerwise): layer l of the new tokens

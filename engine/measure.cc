@@ -307,4 +307,152 @@ std::string CrossoverResult::ToJson() const {
   return j.dump(2) + "\n";
 }
 
+uint64_t ResumePoolBlocks(const ResumeOptions& o, uint32_t bt) {
+  uint64_t need = 0;
+  for (uint32_t p : o.prefix_tokens) need = std::max(need, TurnPoolBlocks(p + o.new_tokens, 1, bt));
+  return need;
+}
+
+namespace {
+
+// Lookup + Load of prompt's cached blocks into pool blocks of a cold pool; the seconds taken.
+Result<double> TimeLoadOnly(Engine* engine, const std::vector<TokenId>& prefix,
+                            uint32_t* loaded) {
+  engine->pool().DropUnreferenced();
+  Cache& cache = *engine->cache();
+  const double t0 = MonotonicSeconds();
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lk, cache.Lookup(prefix));
+  std::vector<BlockId> ids;
+  std::vector<MutableBlock> dst;
+  Status st = Status::Ok();
+  for (uint32_t i = 0; i < lk.hit_blocks && st.ok(); ++i) {
+    Result<BlockId> id = engine->pool().Allocate();
+    if (!id.ok()) st = id.status();
+    if (id.ok()) {
+      ids.push_back(*id);
+      dst.push_back(engine->pool().block(*id));
+    }
+  }
+  Result<LoadResult> lr = st.ok() ? cache.Load(lk, dst) : Result<LoadResult>(st);
+  const double t = MonotonicSeconds() - t0;
+  for (BlockId id : ids) engine->pool().Release(id);
+  KVTIER_RETURN_IF_ERROR(lr.status());
+  *loaded = lr->loaded_blocks;
+  return t;
+}
+
+}  // namespace
+
+Result<ResumeResult> RunResume(Engine* engine, const ResumeOptions& o,
+                               const ProgressFn& progress) {
+  if (engine->cache() == nullptr) return Status::InvalidArgument("resume: no cache attached");
+  const uint32_t bt = engine->options().block_tokens;
+  KVTIER_RETURN_IF_ERROR(CheckPool("resume", *engine, ResumePoolBlocks(o, bt)));
+  for (uint32_t p : o.prefix_tokens) {
+    if (p == 0 || p % bt != 0)
+      return Status::InvalidArgument("resume: a prefix of " + std::to_string(p) +
+                                     " tokens is not a whole number of " + std::to_string(bt) +
+                                     "-token blocks");
+  }
+  if (o.new_tokens == 0) return Status::InvalidArgument("resume: new_tokens must be > 0");
+  const double t_start = MonotonicSeconds();
+  const uint32_t vocab = engine->config().vocab_size;
+  ResumeResult out;
+  out.tier = engine->cache()->tier(0).name();
+  const int reps = std::max(1, o.reps);
+  double total = 0, done = 0;
+  for (uint32_t p : o.prefix_tokens) total += double(p + o.new_tokens) * reps;
+  for (uint32_t p : o.prefix_tokens) {
+    ResumePoint pt;
+    pt.prefix_tokens = p;
+    pt.new_tokens = o.new_tokens;
+    std::vector<TokenId> prefix = SyntheticTokens(p, vocab, (uint64_t{p} << 8) + 7);
+    std::vector<TokenId> prompt = prefix;
+    std::vector<TokenId> more = SyntheticTokens(o.new_tokens, vocab, (uint64_t{p} << 8) + 8);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    engine->pool().DropUnreferenced();
+    TurnOptions store;
+    store.decode_tokens = 1;
+    store.use_pool = false;
+    store.mode = ReuseMode::kRecompute;
+    KVTIER_RETURN_IF_ERROR(engine->RunTurn(prefix, store).status());
+    engine->cache()->Flush();  // the tier below the caller's copy holds it now
+    bool exact = true;
+    std::vector<double> load_t, comp_t, sync_t, lw_t, wait_t;
+    std::vector<float> first_logits;
+    for (int r = 0; r < reps; ++r) {
+      KVTIER_ASSIGN_OR_RETURN(double lt, TimeLoadOnly(engine, prefix, &pt.loaded_blocks));
+      load_t.push_back(lt);
+      for (bool layerwise : {false, true}) {
+        engine->pool().DropUnreferenced();
+        TurnOptions t;
+        t.decode_tokens = 1;
+        t.mode = ReuseMode::kLoad;
+        t.store = false;
+        t.layerwise = layerwise;
+        KVTIER_ASSIGN_OR_RETURN(TurnResult res, engine->RunTurn(prompt, t));
+        if (res.loaded_blocks != p / bt)
+          return Status::Unavailable("resume: the " + out.tier + " tier served " +
+                                     std::to_string(res.loaded_blocks) + " of the prefix's " +
+                                     std::to_string(p / bt) + " blocks");
+        if (first_logits.empty()) first_logits = res.logits;
+        exact &= SameBits(first_logits, res.logits);
+        if (layerwise) {
+          lw_t.push_back(res.ttft_s);
+          wait_t.push_back(res.load_s);
+        } else {
+          sync_t.push_back(res.ttft_s);
+          comp_t.push_back(res.compute_s);
+        }
+      }
+      done += p + o.new_tokens;
+      if (progress) progress(done, total);
+    }
+    if (p + o.new_tokens <= o.verify_tokens) {
+      engine->pool().DropUnreferenced();
+      TurnOptions full;
+      full.decode_tokens = 1;
+      full.use_pool = false;
+      full.use_cache = false;
+      KVTIER_ASSIGN_OR_RETURN(TurnResult ref, engine->RunTurn(prompt, full));
+      pt.recompute_s = ref.ttft_s;
+      exact &= SameBits(first_logits, ref.logits);
+    }
+    engine->pool().DropUnreferenced();
+    pt.loaded_bytes = uint64_t{pt.loaded_blocks} * engine->layout().bytes_per_block();
+    pt.load_only_s = Median(load_t);
+    pt.compute_only_s = Median(comp_t);
+    pt.sync_s = Median(sync_t);
+    pt.layerwise_s = Median(lw_t);
+    pt.layerwise_wait_s = Median(wait_t);
+    pt.bit_exact = exact;
+    out.points.push_back(pt);
+  }
+  out.sweep_s = MonotonicSeconds() - t_start;
+  return out;
+}
+
+std::string ResumeResult::ToJson() const {
+  nlohmann::json j;
+  j["tier"] = tier;
+  j["points"] = nlohmann::json::array();
+  for (const ResumePoint& p : points) {
+    nlohmann::json o = {{"prefix_tokens", p.prefix_tokens},
+                        {"new_tokens", p.new_tokens},
+                        {"loaded_blocks", p.loaded_blocks},
+                        {"loaded_bytes", p.loaded_bytes},
+                        {"load_only_ms", p.load_only_s * 1e3},
+                        {"compute_only_ms", p.compute_only_s * 1e3},
+                        {"sync_ms", p.sync_s * 1e3},
+                        {"layerwise_ms", p.layerwise_s * 1e3},
+                        {"layerwise_wait_ms", p.layerwise_wait_s * 1e3},
+                        {"overlap_ratio", p.layerwise_s / std::max(p.load_only_s, p.compute_only_s)},
+                        {"bit_exact", p.bit_exact}};
+    if (p.recompute_s >= 0) o["recompute_ms"] = p.recompute_s * 1e3;
+    j["points"].push_back(o);
+  }
+  j["sweep_s"] = sweep_s;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace kvtier::engine

@@ -87,6 +87,47 @@ Result<CrossoverResult> RunCrossover(Engine* engine, const Planner& planner,
                                      const std::vector<uint32_t>& lengths, int reps,
                                      const ProgressFn& progress = nullptr);
 
+// A resumed turn: a cached prefix of prefix_tokens plus new_tokens computed, its prefix loaded
+// from the cache's tier (a cold pool) one way or the other, in one run.
+struct ResumePoint {
+  uint32_t prefix_tokens = 0;
+  uint32_t new_tokens = 0;
+  uint32_t loaded_blocks = 0;
+  uint64_t loaded_bytes = 0;
+  double load_only_s = 0;     // Lookup + Load of the prefix alone (median)
+  double compute_only_s = 0;  // the new tokens' compute with the prefix in place (median)
+  double sync_s = 0;          // TTFT: load, then compute (median)
+  double layerwise_s = 0;     // TTFT: layer l + 1 loads while layer l computes (median)
+  double layerwise_wait_s = 0;  // of which the compute waited for the load (median)
+  double recompute_s = -1;      // TTFT of a full recompute (prompts up to verify_tokens)
+  bool bit_exact = false;       // layer-wise logits == synchronous (== recompute when run)
+};
+
+struct ResumeResult {
+  std::string tier;
+  std::vector<ResumePoint> points;
+  double sweep_s = 0;
+  std::string ToJson() const;
+};
+
+struct ResumeOptions {
+  std::vector<uint32_t> prefix_tokens = {4096, 16384};
+  uint32_t new_tokens = 1024;
+  int reps = 3;
+  uint32_t verify_tokens = 8192;  // a full recompute checks prompts up to this long
+};
+
+// Pool blocks RunResume needs on an engine of block_tokens.
+uint64_t ResumePoolBlocks(const ResumeOptions& options, uint32_t block_tokens);
+
+// For each prefix: one turn computes and stores it (then the cache is flushed, so the tier
+// holds it); then, reps times over a cold pool, the prefix alone loaded, a synchronous turn
+// and a layer-wise turn of prefix + new tokens (neither stores). Every load comes from the
+// attached cache's tiers (give it one tier to measure that tier). InvalidArgument, before
+// measuring, when the pool is too small or a prefix is not a whole number of blocks.
+Result<ResumeResult> RunResume(Engine* engine, const ResumeOptions& options,
+                               const ProgressFn& progress = nullptr);
+
 // Median of v (the mean of the middle two for an even count); 0 when empty.
 double Median(std::vector<double> v);
 // Whether two logit vectors are equal bit for bit (memcmp).

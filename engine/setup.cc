@@ -37,6 +37,18 @@ Status ReconcileConfig(const std::string& path, const Engine& e, CacheOptions* c
   return Status::Ok();
 }
 
+// The engine's layout, model and weights fingerprint key its cache.
+void EngineKeys(const Engine& e, CacheOptions* co) {
+  co->layout = e.layout();
+  co->model_id = e.config().name;
+  co->model_revision = e.model_revision();
+}
+
+Status Attach(EngineSetup* s, const CacheOptions& co) {
+  KVTIER_ASSIGN_OR_RETURN(s->cache, Cache::Open(co));
+  return s->engine->AttachCache(s->cache.get());
+}
+
 }  // namespace
 
 Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_bytes,
@@ -55,12 +67,20 @@ Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_byte
     host.kind = "host";
     host.capacity_bytes = host_bytes;
     co.tiers.push_back(host);
-    co.layout = s.engine->layout();
-    co.model_id = s.engine->config().name;
-    co.model_revision = s.engine->model_revision();
+    EngineKeys(*s.engine, &co);
   }
-  KVTIER_ASSIGN_OR_RETURN(s.cache, Cache::Open(co));
-  KVTIER_RETURN_IF_ERROR(s.engine->AttachCache(s.cache.get()));
+  KVTIER_RETURN_IF_ERROR(Attach(&s, co));
+  return s;
+}
+
+Result<EngineSetup> BuildEngineWithTiers(const EngineOptions& options,
+                                         std::vector<TierSpec> tiers) {
+  EngineSetup s;
+  CacheOptions co;
+  co.tiers = std::move(tiers);
+  KVTIER_ASSIGN_OR_RETURN(s.engine, Engine::Create(options));
+  EngineKeys(*s.engine, &co);
+  KVTIER_RETURN_IF_ERROR(Attach(&s, co));
   return s;
 }
 

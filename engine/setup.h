@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "kvtier/cache.h"
@@ -27,6 +28,9 @@ struct EngineSetup {
 // InvalidArgument naming the file and key otherwise. Errors name the file or option at fault.
 Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_bytes,
                                 const std::string& config_path = "");
+// The same over the given tiers (top first), keyed by the engine's model and weights.
+Result<EngineSetup> BuildEngineWithTiers(const EngineOptions& options,
+                                         std::vector<TierSpec> tiers);
 
 }  // namespace kvtier::engine
 

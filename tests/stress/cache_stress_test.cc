@@ -1,5 +1,6 @@
 // 8 threads doing random Store / Lookup / Load / Flush with eviction over three tiers, one of
-// which corrupts reads at random, while the background writer moves blocks down (small queues
+// which corrupts reads at random (and reads slices, for layer-wise loads that run to the end,
+// are cancelled, time out or are destroyed in flight), while the background writer moves blocks down (small queues
 // make Stores wait for it; the Cache is destroyed with writes still queued). Every block's
 // bytes are a function of its key, so the model of what a Load must return is exact: any torn,
 // stale or misplaced block fails the test, and a corrupt one must never be served.
@@ -28,6 +29,33 @@ struct StressParams {
 };
 
 class CacheStressTest : public ::testing::TestWithParam<StressParams> {};
+
+// Loads lk's hits into out one of four ways, picked by `how`: Load; a layer-wise load waited
+// through; one cancelled after its first layer; one destroyed in flight after a zero timeout.
+// Returns what counts as loaded (0 for a load destroyed without Finish).
+Result<LoadResult> LoadSomeWay(Cache& cache, const LookupResult& lk, std::span<MutableBlock> out,
+                               uint32_t how) {
+  if (how == 0 || out.empty()) return cache.Load(lk, out);
+  const auto patience = std::chrono::seconds(30);
+  KVTIER_ASSIGN_OR_RETURN(std::unique_ptr<LayerwiseLoad> load, cache.LoadLayerwise(lk, 0, out));
+  if (how == 1) {
+    for (uint32_t l = 0; l < load->num_layers(); ++l) {
+      Status st = load->WaitLayer(l, patience);
+      if (!st.ok()) return st;
+    }
+  } else if (how == 2) {
+    (void)load->WaitLayer(0, patience);
+    load->Cancel();
+  } else {
+    Status st = load->WaitLayer(load->num_layers() - 1, std::chrono::milliseconds(0));
+    if (!st.ok() && st.message().find("timed out") == std::string::npos) return st;
+    load.reset();  // in flight, maybe: no byte may land after this
+    LoadResult none;
+    none.block_status.assign(out.size(), Status::Unavailable("released"));
+    return none;
+  }
+  return load->Finish(patience);
+}
 
 // The workload: 8 threads, every Load checked against the model; `faulty` (when given)
 // corrupts its reads at random meanwhile. Returns the blocks loaded.
@@ -78,8 +106,10 @@ uint64_t RunWorkload(Cache& cache, uint64_t bb, FaultyTier* faulty) {
           hits += lk->hit_blocks;
           std::vector<std::vector<std::byte>> out(lk->hit_blocks, std::vector<std::byte>(bb));
           std::vector<MutableBlock> views(out.begin(), out.end());
-          auto ld = cache.Load(*lk, views);
+          auto ld = LoadSomeWay(cache, *lk, views, static_cast<uint32_t>(rng() % 4));
           if (!ld.ok() || ld->loaded_blocks > lk->hit_blocks) {
+            ADD_FAILURE() << "thread " << t << " op " << op << ": "
+                          << (ld.ok() ? "loaded more than hit" : ld.status().ToString());
             failed = true;
             break;
           }
@@ -120,6 +150,7 @@ TEST_P(CacheStressTest, EveryLoadMatchesTheModel) {
   const KvLayout layout = SmallLayout(kBt);
   const uint64_t bb = layout.bytes_per_block();
   auto disk = FaultyTier::Make(layout, 400 * bb, "disk");
+  disk->slices = true;
   CacheOptions o;
   o.layout = layout;
   o.write_mode = GetParam().mode;

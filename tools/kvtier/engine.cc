@@ -2,8 +2,13 @@
 // from the host tier against their full recompute, what the planner chose and its regret.
 // kvtier engine run: the multi-turn driver, once with offload (pool + tiers) and once with the
 // pool only, TTFT per turn and the hit split by tier.
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "command.h"
@@ -35,9 +40,114 @@ struct CrossoverFlags {
   uint32_t max_tokens = 16384;
   int reps = 3;
   std::string json;
+  // --tier: resumed turns loaded from one tier, synchronous against layer-wise.
+  std::string tier;
+  std::string disk_dir = "/var/tmp";
+  std::string remote_url;
+  engine::ResumeOptions resume;
 };
 
+// A fresh directory for the disk tier, removed (with what the tier wrote) when done.
+struct ScratchDir {
+  std::string path;
+  ~ScratchDir() {
+    if (!path.empty()) std::filesystem::remove_all(path);
+  }
+};
+
+// The one tier --tier measures, sized to hold every prefix.
+std::optional<TierSpec> ResumeTier(const CrossoverFlags& f, uint64_t bytes, ScratchDir* dir) {
+  TierSpec t;
+  t.kind = f.tier;
+  t.capacity_bytes = bytes;
+  if (f.tier == "disk") {
+    std::string tmpl = f.disk_dir + "/kvtier_crossover_XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      std::fprintf(stderr, "crossover: mkdtemp under %s: %s\n", f.disk_dir.c_str(),
+                   std::strerror(errno));
+      return std::nullopt;
+    }
+    dir->path = tmpl;
+    t.params["path"] = tmpl;
+    t.params["sync"] = "batch";
+  } else if (f.tier == "remote") {
+    if (f.remote_url.empty()) {
+      std::fprintf(stderr, "crossover: --tier remote needs --remote-url redis://host:port\n");
+      return std::nullopt;
+    }
+    t.params["url"] = f.remote_url;
+  } else if (f.tier != "host") {
+    std::fprintf(stderr, "crossover: --tier: '%s' is not host, disk or remote\n", f.tier.c_str());
+    return std::nullopt;
+  }
+  return t;
+}
+
+int RunResumeCommand(const CrossoverFlags& f) {
+  if (!cli::OutputWritable("engine crossover", f.json)) return 1;
+  cli::PrepareBlas();
+  if (!f.engine.config.empty()) {
+    std::fprintf(stderr, "crossover: --tier builds a cache of that one tier; leave out --config\n");
+    return 2;
+  }
+  engine::EngineOptions eo = f.engine.options;
+  eo.pool_blocks = std::max(eo.pool_blocks, engine::ResumePoolBlocks(f.resume, eo.block_tokens));
+  Result<engine::ModelConfig> mc = eo.gguf.empty() ? engine::ModelPreset(eo.model)
+                                                   : Result<engine::ModelConfig>(Status::Ok());
+  uint32_t max_prefix = 0;
+  for (uint32_t p : f.resume.prefix_tokens) max_prefix = std::max(max_prefix, p);
+  // Every prefix stays resident: twice the largest, in blocks of the engine's layout (a GGUF
+  // model's layout is known once loaded: --host-capacity then sizes the tier).
+  uint64_t bytes = 0;
+  if (!eo.gguf.empty()) {
+    if (!cli::ParseSize(f.engine.host_capacity, "--host-capacity", &bytes)) return 2;
+  } else if (mc.ok()) {
+    bytes = 2 * (uint64_t{max_prefix} / eo.block_tokens + 2) *
+            mc->Layout(eo.block_tokens).bytes_per_block() * f.resume.prefix_tokens.size();
+  }
+  ScratchDir dir;
+  std::optional<TierSpec> tier = ResumeTier(f, bytes, &dir);
+  if (!tier) return 2;
+  Result<engine::EngineSetup> setup = engine::BuildEngineWithTiers(eo, {*tier});
+  if (!setup.ok()) {
+    std::fprintf(stderr, "crossover: %s\n", setup.status().ToString().c_str());
+    return 1;
+  }
+  engine::Engine& e = *setup->engine;
+  std::printf("engine: %s, %u-token blocks of %s; tier '%s' (%s)\n", e.config().ToString().c_str(),
+              eo.block_tokens, FormatBytes(e.layout().bytes_per_block()).c_str(),
+              setup->cache->tier(0).name().c_str(), f.tier.c_str());
+  cli::Progress progress("crossover");
+  Result<engine::ResumeResult> res = engine::RunResume(
+      &e, f.resume, [&](double d, double t) { progress.Update(d, t); });
+  if (!res.ok()) {
+    std::fprintf(stderr, "crossover: %s\n", res.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("\n%8s %6s %9s %12s %12s %10s %12s %10s %9s %6s\n", "prefix", "new", "loaded",
+              "load ms", "compute ms", "sync ms", "layerwise ms", "waited ms", "ratio", "exact");
+  bool all_exact = true;
+  for (const engine::ResumePoint& p : res->points) {
+    const double ratio = p.layerwise_s / std::max(p.load_only_s, p.compute_only_s);
+    std::printf("%8u %6u %9s %12.1f %12.1f %10.1f %12.1f %10.1f %8.3fx %6s\n", p.prefix_tokens,
+                p.new_tokens, FormatBytes(p.loaded_bytes).c_str(), p.load_only_s * 1e3,
+                p.compute_only_s * 1e3, p.sync_s * 1e3, p.layerwise_s * 1e3,
+                p.layerwise_wait_s * 1e3, ratio, p.bit_exact ? "yes" : "NO");
+    all_exact &= p.bit_exact;
+  }
+  std::printf(
+      "\n(medians of %d; load = Lookup + Load of the prefix alone; compute = the new tokens with "
+      "the prefix in place; ratio = layerwise / max(load, compute), bar <= 1.1; exact = layer-wise "
+      "logits == synchronous%s; sweep %.1f s)\n",
+      std::max(1, f.resume.reps), f.resume.verify_tokens > 0 ? " (== full recompute up to "
+                                                              "--verify-tokens)" : "",
+      res->sweep_s);
+  if (!f.json.empty() && !WriteText(f.json, res->ToJson())) return 1;
+  return all_exact ? 0 : 1;
+}
+
 int RunCrossoverCommand(const CrossoverFlags& f) {
+  if (!f.tier.empty()) return RunResumeCommand(f);
   if (!cli::OutputWritable("engine crossover", f.json)) return 1;
   cli::PrepareBlas();
   if (f.min_tokens == 0 || f.max_tokens < f.min_tokens) {
@@ -217,7 +327,25 @@ KVTIER_REGISTER_COMMAND(
       app->add_option("--reps", f->reps, "Repetitions (median) for prompts up to 2048 tokens")
           ->capture_default_str();
       app->add_option("--json", f->json, "Write the points as JSON");
-      return [f] { return RunCrossoverCommand(*f); };
+      app->add_option("--tier", f->tier,
+                      "Measure resumed turns loaded from this one tier (host, disk, remote): "
+                      "load alone, compute alone, synchronous and layer-wise");
+      app->add_option("--prefixes", f->resume.prefix_tokens,
+                      "--tier: cached prefix lengths (tokens, whole blocks)")
+          ->capture_default_str();
+      app->add_option("--new-tokens", f->resume.new_tokens, "--tier: tokens computed per turn")
+          ->capture_default_str();
+      app->add_option("--verify-tokens", f->resume.verify_tokens,
+                      "--tier: a full recompute checks the logits of prompts up to this long")
+          ->capture_default_str();
+      app->add_option("--disk-dir", f->disk_dir,
+                      "--tier disk: the tier's directory is made (and removed) under this")
+          ->capture_default_str();
+      app->add_option("--remote-url", f->remote_url, "--tier remote: redis://host:port");
+      return [f] {
+        f->resume.reps = f->reps;
+        return RunCrossoverCommand(*f);
+      };
     });
 
 KVTIER_REGISTER_COMMAND(engine_run, ({"engine", "run"}),
