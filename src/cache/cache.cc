@@ -306,7 +306,7 @@ void Cache::Impl::NotifySession(uint64_t session_id, SessionEvent event) {
   const double now = MonotonicSeconds();
   for (auto& st : tiers_) {
     MutexLock lock(&st->mu);
-    st->policy->OnSessionEvent(session_id, event, now);
+    if (st->policy) st->policy->OnSessionEvent(session_id, event, now);
   }
 }
 

@@ -42,6 +42,7 @@ struct TierState {
   // Write-back with a tier below: victims carry their chain position down.
   bool tracks_positions = false;
   Mutex mu;  // serialises residency changes of this tier: policy, admission, room
+  // Null for a self-managed tier (!caps.managed_by_cache).
   std::unique_ptr<EvictionPolicy> policy KVTIER_GUARDED_BY(mu);
   // Slots not in the policy that still count as occupied: blocks given room whose Put is in
   // flight, and blocks taken out of the policy whose Erase is in flight (both outside mu).
@@ -134,8 +135,11 @@ class Cache::Impl {
       verify_any_ |= st->cache_verifies;
       {
         MutexLock lock(&st->mu);
-        KVTIER_ASSIGN_OR_RETURN(st->policy,
+        // A self-managed tier (disk, remote) evicts by itself: no per-block policy table.
+        std::unique_ptr<EvictionPolicy> policy;
+        KVTIER_ASSIGN_OR_RETURN(policy,
                                 MakeEvictionPolicy(spec.eviction, st->tier->capacity_blocks()));
+        if (st->caps.managed_by_cache) st->policy = std::move(policy);
         st->admission = AdmissionPolicy(spec.admission);
       }
       if (!st->caps.managed_by_cache) {
