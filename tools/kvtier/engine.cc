@@ -332,6 +332,7 @@ KVTIER_REGISTER_COMMAND(
                       "load alone, compute alone, synchronous and layer-wise");
       app->add_option("--prefixes", f->resume.prefix_tokens,
                       "--tier: cached prefix lengths (tokens, whole blocks)")
+          ->delimiter(',')
           ->capture_default_str();
       app->add_option("--new-tokens", f->resume.new_tokens, "--tier: tokens computed per turn")
           ->capture_default_str();
