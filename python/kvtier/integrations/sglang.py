@@ -189,9 +189,9 @@ class KvtierHiCacheStorage(_Base):
         self._pages = _HostPages(mem_pool_host)
         try:
             self._cache = backends.shared_cache(self._config, self._pages.layout)
-            self._root = _hash_string(self._cache.root(tenant=str(self._config.get("tenant", "")),
-                                                       lora_id=str(self._config.get("lora_id", ""))),
-                                      self._salt)
+            ns = self._cache.root(tenant=str(self._config.get("tenant", "")),
+                                  lora_id=str(self._config.get("lora_id", "")))
+            self._root = _hash_string(ns, self._salt)
         except kvtier.KvtierError as e:
             self._cache = None
             self._warn("open", f"kvtier: cannot open the cache ({e}); HiCache storage misses "
