@@ -14,7 +14,9 @@ Thread-safety: shared_cache may be called from any thread.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 from typing import Any
 
@@ -24,6 +26,23 @@ BACKENDS = ("inprocess", "daemon")
 
 _lock = threading.Lock()
 _registry: dict[str, kvtier.KvCache] = {}
+
+
+def model_fingerprint(model: str, revision: str | None = None) -> str:
+    """What tells two checkpoints served under one name apart: for a local folder, a hash of
+    config.json and the weight files' names and sizes; otherwise the name and revision."""
+    h = hashlib.sha256()
+    if os.path.isdir(model):
+        cfg = os.path.join(model, "config.json")
+        if os.path.exists(cfg):
+            with open(cfg, "rb") as f:
+                h.update(f.read())
+        for name in sorted(os.listdir(model)):
+            if name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
+                h.update(f"{name}:{os.path.getsize(os.path.join(model, name))}\n".encode())
+    else:
+        h.update(f"{model}@{revision or ''}".encode())
+    return "sha256:" + h.hexdigest()[:32]
 
 
 def _registry_key(config: dict[str, Any], layout: kvtier.KvLayout) -> str:

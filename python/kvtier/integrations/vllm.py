@@ -16,7 +16,6 @@ kvtier block is never stored. Any kvtier failure degrades to recompute, never to
 from __future__ import annotations
 
 import atexit
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -60,6 +59,7 @@ from vllm.logger import init_logger  # noqa: E402
 
 import kvtier  # noqa: E402
 from kvtier import backends  # noqa: E402
+from kvtier.backends import model_fingerprint  # noqa: E402
 from kvtier.integrations.paged import DTYPES, PagedKv, layer_order  # noqa: E402
 
 if TYPE_CHECKING:
@@ -73,22 +73,6 @@ if TYPE_CHECKING:
 
 # Under "vllm." so vLLM's log configuration shows our lines beside its own.
 logger = init_logger("vllm.kvtier")
-
-def model_fingerprint(model: str, revision: str | None = None) -> str:
-    """What tells two checkpoints served under one name apart: for a local folder, a hash of
-    config.json and the weight files' names and sizes; otherwise the name and revision."""
-    h = hashlib.sha256()
-    if os.path.isdir(model):
-        cfg = os.path.join(model, "config.json")
-        if os.path.exists(cfg):
-            with open(cfg, "rb") as f:
-                h.update(f.read())
-        for name in sorted(os.listdir(model)):
-            if name.endswith((".safetensors", ".bin", ".pt", ".gguf")):
-                h.update(f"{name}:{os.path.getsize(os.path.join(model, name))}\n".encode())
-    else:
-        h.update(f"{model}@{revision or ''}".encode())
-    return "sha256:" + h.hexdigest()[:32]
 
 
 # --------------------------------------------------------------------------------------------
