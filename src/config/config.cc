@@ -245,7 +245,8 @@ class Reader {
     KVTIER_RETURN_IF_ERROR(
         CheckKeys(root, "",
                   {"model_id", "model_revision", "layout", "tenant", "lora_id", "write_mode",
-                   "verify_checksums", "promote_on_load", "tiers", "serve"}));
+                   "verify_checksums", "promote_on_load", "write_queue_blocks", "tiers",
+                   "serve"}));
     CacheOptions o;
     if (root["model_id"]) {
       KVTIER_ASSIGN_OR_RETURN(o.model_id, String(root["model_id"], "model_id"));
@@ -277,6 +278,13 @@ class Reader {
     }
     if (root["promote_on_load"]) {
       KVTIER_ASSIGN_OR_RETURN(o.promote_on_load, Bool(root["promote_on_load"], "promote_on_load"));
+    }
+    if (root["write_queue_blocks"]) {
+      KVTIER_ASSIGN_OR_RETURN(uint64_t q, Uint(root["write_queue_blocks"], "write_queue_blocks"));
+      if (q > (1u << 20))  // CacheOptions::Validate's bound, said here with the line
+        return Error(root["write_queue_blocks"], "write_queue_blocks",
+                     "at most 1048576 blocks (0 = synchronous writes)");
+      o.write_queue_blocks = static_cast<uint32_t>(q);
     }
     const YAML::Node& tiers = root["tiers"];
     if (!tiers || !tiers.IsSequence() || tiers.size() == 0)

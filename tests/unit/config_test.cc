@@ -345,6 +345,20 @@ TEST(ConfigTest, EveryBoolKeyTakesTheSameWords) {
               "bad.yaml:2: verify_checksums: want true or false, got 'nope'");
 }
 
+TEST(ConfigTest, WriteQueueBlocks) {
+  auto o = ParseCacheOptionsYaml(
+      "layout: {preset: llama-3.1-8b}\nwrite_queue_blocks: 0\ntiers:\n  - {kind: host, capacity: 1GiB}\n",
+      "q.yaml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->write_queue_blocks, 0u);
+  auto d = ParseCacheOptionsYaml(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - {kind: host, capacity: 1GiB}\n", "d.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->write_queue_blocks, CacheOptions{}.write_queue_blocks);
+  ExpectError("layout: {preset: llama-3.1-8b}\nwrite_queue_blocks: 99999999999\ntiers: []\n",
+              "bad.yaml:2: write_queue_blocks: at most 1048576 blocks (0 = synchronous writes)");
+}
+
 TEST(ConfigTest, LoadsAFile) {
   testing::TempDir dir;
   std::string path = dir.path() + "/kvtier.yaml";
