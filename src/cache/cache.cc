@@ -84,7 +84,8 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
       while (extra < rest.size() && found[extra]) ++extra;
       if (extra == 0) continue;
       for (uint32_t j = 0; j < extra; ++j) {
-        index_.AddTier(rest[j], st->index, 0);
+        // Found in a shared tier: resident there for this Cache from now on.
+        Emit(KvEvent::Type::kStored, rest[j], st->index, index_.AddTier(rest[j], st->index, 0));
         masks.push_back(TierMask{1} << st->index);
       }
       hit += extra;
@@ -141,10 +142,12 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
 
 void Cache::Impl::DropBlock(TierState& st, const BlockKey& key) {
   const BlockKey k[1] = {key};
+  uint64_t change = 0;
   if (st.caps.managed_by_cache) {
     {
       MutexLock lock(&st.mu);
-      if (!index_.RemoveTier(key, st.index)) return;
+      change = index_.RemoveTier(key, st.index);
+      if (!change) return;
       st.policy->OnErase(key);
       st.positions.Erase(key);
       ++st.reserved;  // its slot stays occupied until the Erase below
@@ -153,10 +156,10 @@ void Cache::Impl::DropBlock(TierState& st, const BlockKey& key) {
     MutexLock lock(&st.mu);
     --st.reserved;
   } else {
-    index_.RemoveTier(key, st.index);
+    change = index_.RemoveTier(key, st.index);
     (void)st.tier->Erase(k);
   }
-  Emit(KvEvent::Type::kRemoved, key, st.index);
+  Emit(KvEvent::Type::kRemoved, key, st.index, change);
 }
 
 Status Cache::Impl::CheckLoad(const char* op, const LookupResult& lookup, uint32_t first,

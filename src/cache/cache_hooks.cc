@@ -72,8 +72,8 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
         ++r.present_blocks;
         continue;
       }
-      index_.AddTier(keys[j], st.index, checksums[j]);
-      events.push_back({KvEvent::Type::kStored, keys[j], st.index});
+      const uint64_t change = index_.AddTier(keys[j], st.index, checksums[j]);
+      events.push_back({KvEvent::Type::kStored, keys[j], st.index, change});
       ++r.stored_blocks;
     }
   }
@@ -106,19 +106,22 @@ uint64_t Cache::Impl::ClearManaged() {
     TierState& st = *stp;
     if (!st.caps.managed_by_cache) continue;
     std::vector<BlockKey> gone;
+    std::vector<uint64_t> changes;
     {
       MutexLock lock(&st.mu);
       size_t skipped = 0;
       while (skipped < 64) {
         std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
         if (!victim) break;
-        if (!index_.TryRemoveUnpinned(*victim, st.index)) {
+        const uint64_t change = index_.TryRemoveUnpinned(*victim, st.index);
+        if (!change) {
           st.policy->OnInsert(*victim, AccessHint{});
           ++skipped;
           continue;
         }
         st.positions.Erase(*victim);
         gone.push_back(*victim);
+        changes.push_back(change);
       }
       st.reserved += gone.size();  // occupied until erased below
     }
@@ -128,9 +131,7 @@ uint64_t Cache::Impl::ClearManaged() {
       st.reserved -= gone.size();
     }
     dropped += gone.size();
-    std::vector<PendingEvent> events;
-    for (const BlockKey& k : gone) events.push_back({KvEvent::Type::kRemoved, k, st.index});
-    EmitAll(events);
+    EmitRemoved(st, gone, changes);
   }
   return dropped;
 }
@@ -145,18 +146,21 @@ uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& m
   for (auto& stp : tiers_) {
     TierState& st = *stp;
     std::vector<BlockKey> gone;
+    std::vector<uint64_t> changes;
     if (st.caps.managed_by_cache) {
       MutexLock lock(&st.mu);
       for (size_t i = 0; i < found.size(); ++i) {
         const BlockKey& key = found[i].first;
         if (!(found[i].second & (TierMask{1} << st.index))) continue;
-        if (!index_.TryRemoveUnpinned(key, st.index)) {
+        const uint64_t change = index_.TryRemoveUnpinned(key, st.index);
+        if (!change) {
           held[i] = held[i] || index_.IsPinned(key);
           continue;
         }
         st.policy->OnErase(key);
         st.positions.Erase(key);
         gone.push_back(key);
+        changes.push_back(change);
         any[i] = true;
       }
       st.reserved += gone.size();
@@ -164,8 +168,10 @@ uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& m
       for (size_t i = 0; i < found.size(); ++i) {
         const BlockKey& key = found[i].first;
         if (!(found[i].second & (TierMask{1} << st.index))) continue;
-        if (!index_.RemoveTier(key, st.index)) continue;
+        const uint64_t change = index_.RemoveTier(key, st.index);
+        if (!change) continue;
         gone.push_back(key);
+        changes.push_back(change);
         any[i] = true;
       }
     }
@@ -175,9 +181,7 @@ uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& m
       MutexLock lock(&st.mu);
       st.reserved -= gone.size();
     }
-    std::vector<PendingEvent> events;
-    for (const BlockKey& k : gone) events.push_back({KvEvent::Type::kRemoved, k, st.index});
-    EmitAll(events);
+    EmitRemoved(st, gone, changes);
   }
   uint64_t dropped = 0;
   *pinned = 0;

@@ -84,6 +84,7 @@ struct BlockBatch {
 // read for the tier below) after the lock is dropped.
 struct Victim {
   BlockKey key;
+  uint64_t change = 0;  // the index's number for its removal (its event's seq)
   uint64_t checksum = 0;
   uint32_t position = 0;
   bool below_has = false;  // the tier below holds it already
@@ -146,7 +147,7 @@ class Cache::Impl {
         const int t = st->index;
         st->tier->SetRemovalListener([this, t](std::span<const BlockKey> keys) {
           for (const BlockKey& k : keys) {
-            if (index_.RemoveTier(k, t)) Emit(KvEvent::Type::kRemoved, k, t);
+            if (const uint64_t c = index_.RemoveTier(k, t)) Emit(KvEvent::Type::kRemoved, k, t, c);
           }
         });
       }
@@ -181,10 +182,12 @@ class Cache::Impl {
     return ns.Root();
   }
 
-  void Emit(KvEvent::Type type, const BlockKey& key, int tier) {
-    if (!options_.on_event) return;
+  // change: the index's number for the change (BlockIndex), so seq follows the index's order
+  // even when two threads report their changes in the other order.
+  void Emit(KvEvent::Type type, const BlockKey& key, int tier, uint64_t change) {
+    if (!options_.on_event || change == 0) return;  // 0: the index did not change
     KvEvent e;
-    e.seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+    e.seq = change;
     e.type = type;
     e.key = key;
     e.tier = tier;
@@ -236,6 +239,7 @@ class Cache::Impl {
     KvEvent::Type type;
     BlockKey key;
     int tier;
+    uint64_t change;
   };
 
   // Writes b's blocks into tier st under its policy. Fills per-block results (OK when resident
@@ -261,8 +265,13 @@ class Cache::Impl {
   void Record(TierState& st, const BlockBatch& b, const std::vector<uint32_t>& todo,
               std::span<const Status> put, std::span<Status> results, uint32_t* stored,
               std::vector<PendingEvent>* events);
+  void EmitRemoved(const TierState& st, std::span<const BlockKey> keys,
+                   std::span<const uint64_t> changes) {
+    for (size_t i = 0; i < keys.size(); ++i)
+      Emit(KvEvent::Type::kRemoved, keys[i], st.index, changes[i]);
+  }
   void EmitAll(const std::vector<PendingEvent>& events) {
-    for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier);
+    for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier, e.change);
   }
   // Queues jobs for the writer (waiting while the queue is full), or runs them here when
   // writes are synchronous or this is the writer's own thread.
@@ -286,7 +295,6 @@ class Cache::Impl {
   // Counts failures of a background write in the target tier's stats (never lost silently).
   void CountFailures(TierState& st, std::span<const Status> results);
 
-  std::atomic<uint64_t> seq_{0};
   int top_ = -1;  // the first byte-holding tier: the only one written on the caller's path
   bool async_ = false;
 

@@ -15,7 +15,8 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* vi
     // Read the entry first: removing the last tier drops it, checksum and all.
     IndexEntry e;
     const bool known = index_.Get(*victim, &e);
-    if (!index_.TryRemoveUnpinned(*victim, st.index)) {
+    const uint64_t change = index_.TryRemoveUnpinned(*victim, st.index);
+    if (!change) {
       // Pinned since the policy looked: it stays resident.
       st.policy->OnInsert(*victim, AccessHint{});
       if (++attempts > 64) break;
@@ -23,6 +24,7 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* vi
     }
     Victim v;
     v.key = *victim;
+    v.change = change;
     v.checksum = known ? e.checksum : 0;
     v.below_has = known && (e.tiers & below_bit);
     if (const uint32_t* p = st.positions.Find(*victim)) {
@@ -77,7 +79,8 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
   }
   (void)st.tier->Erase(keys);
   st.evictions.fetch_add(victims.size(), std::memory_order_relaxed);
-  for (const Victim& v : victims) events->push_back({KvEvent::Type::kRemoved, v.key, st.index});
+  for (const Victim& v : victims)
+    events->push_back({KvEvent::Type::kRemoved, v.key, st.index, v.change});
 }
 
 void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Status> results,
@@ -196,9 +199,9 @@ void Cache::Impl::Record(TierState& st, const BlockBatch& b, const std::vector<u
     const uint32_t i = todo[j];
     results[i] = put[j];
     if (!put[j].ok()) continue;
-    index_.AddTier(b.keys[i], st.index, b.checksums[i]);
+    const uint64_t change = index_.AddTier(b.keys[i], st.index, b.checksums[i]);
     ++*stored;
-    events->push_back({KvEvent::Type::kStored, b.keys[i], st.index});
+    events->push_back({KvEvent::Type::kStored, b.keys[i], st.index, change});
   }
 }
 

@@ -47,34 +47,37 @@ BlockIndex::Shard& BlockIndex::ShardOf(const BlockKey& key) const {
   return shards_[(key.hi >> 32) & static_cast<uint64_t>(num_shards_ - 1)];
 }
 
-void BlockIndex::AddTier(const BlockKey& key, int tier, uint64_t checksum) {
+uint64_t BlockIndex::AddTier(const BlockKey& key, int tier, uint64_t checksum) {
   Shard& s = ShardOf(key);
   WriterLock lock(&s.mu);
   IndexEntry* e = s.map.Insert(key, IndexEntry{}).first;
-  e->tiers |= TierMask{1} << tier;
   if (checksum) e->checksum = checksum;
+  const TierMask bit = TierMask{1} << tier;
+  if (e->tiers & bit) return 0;
+  e->tiers |= bit;
+  return changes_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
-bool BlockIndex::RemoveTier(const BlockKey& key, int tier) {
+uint64_t BlockIndex::RemoveTier(const BlockKey& key, int tier) {
   Shard& s = ShardOf(key);
   WriterLock lock(&s.mu);
   IndexEntry* e = s.map.Find(key);
-  if (!e) return false;
+  if (!e) return 0;
   const TierMask bit = TierMask{1} << tier;
   const bool had = (e->tiers & bit) != 0;
   e->tiers &= ~bit;
   if (e->tiers == 0 && e->pins == 0) s.map.Erase(key);
-  return had;
+  return had ? changes_.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
 }
 
-bool BlockIndex::TryRemoveUnpinned(const BlockKey& key, int tier) {
+uint64_t BlockIndex::TryRemoveUnpinned(const BlockKey& key, int tier) {
   Shard& s = ShardOf(key);
   WriterLock lock(&s.mu);
   IndexEntry* e = s.map.Find(key);
-  if (!e || e->pins > 0) return false;
+  if (!e || e->pins > 0) return 0;
   e->tiers &= ~(TierMask{1} << tier);
   if (e->tiers == 0) s.map.Erase(key);
-  return true;
+  return changes_.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
 bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {

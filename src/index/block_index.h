@@ -10,6 +10,7 @@
 #define KVTIER_INDEX_BLOCK_INDEX_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -72,17 +73,21 @@ class BlockIndex {
   BlockIndex(const BlockIndex&) = delete;
   BlockIndex& operator=(const BlockIndex&) = delete;
 
-  // Marks key resident in tier (creating the entry). checksum is set when non-zero.
-  void AddTier(const BlockKey& key, int tier, uint64_t checksum);
+  // Every change of a tier mask is numbered 1, 2, 3, ... under the key's shard lock, so the
+  // numbers of one key's changes follow the order they happened in. The Cache reports each
+  // number in exactly one KV event: a consumer may wait for the next one without a gap.
+  // Marks key resident in tier (creating the entry). checksum is set when non-zero. Returns the
+  // change's number, or 0 when it was resident there already.
+  uint64_t AddTier(const BlockKey& key, int tier, uint64_t checksum);
   // Clears tier from key's mask; drops the entry when no tier and no pin remain.
-  // Returns true when the key was resident in that tier.
-  bool RemoveTier(const BlockKey& key, int tier);
+  // Returns the change's number, or 0 when the key was not resident in that tier.
+  uint64_t RemoveTier(const BlockKey& key, int tier);
   // Copy of the entry, or false when absent.
   bool Get(const BlockKey& key, IndexEntry* entry) const;
   bool IsPinned(const BlockKey& key) const;
-  // Clears tier from key's mask unless the key is pinned; false (nothing changed) when pinned
-  // or absent. The eviction primitive: check and removal are atomic.
-  bool TryRemoveUnpinned(const BlockKey& key, int tier);
+  // Clears tier from key's mask unless the key is pinned. The eviction primitive: check and
+  // removal are atomic. Returns the change's number; 0 (nothing changed) when pinned or absent.
+  uint64_t TryRemoveUnpinned(const BlockKey& key, int tier);
 
   // Longest resident prefixes of chain, per tier and overall, with the per-block masks.
   void Match(std::span<const BlockKey> chain, MatchResult* result) const;
@@ -115,6 +120,7 @@ class BlockIndex {
   Shard& ShardOf(const BlockKey& key) const;
   std::unique_ptr<Shard[]> shards_;
   const int num_shards_;
+  std::atomic<uint64_t> changes_{0};  // taken under a shard's writer lock
 };
 
 }  // namespace kvtier

@@ -6,7 +6,10 @@
 // stale or misplaced block fails the test, and a corrupt one must never be served.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -174,6 +177,62 @@ TEST_P(CacheStressTest, EveryLoadMatchesTheModel) {
   CacheStats s = cache->stats();
   EXPECT_GT(loaded, 0u);
   EXPECT_GT(s.tiers[0].evictions, 0u);
+}
+
+// KV events from 4 threads storing and evicting the same 16 blocks of a 6-block tier: delivered
+// in any order, but numbered in the order the index changed, so per block they alternate
+// stored / removed, the numbers run 1..n without a gap, and replaying them gives the index.
+TEST(CacheStressEventsTest, EventNumbersFollowTheIndex) {
+  const KvLayout layout = SmallLayout(kBt);
+  const uint64_t bb = layout.bytes_per_block();
+  std::mutex mu;
+  std::vector<KvEvent> events;
+  CacheOptions o;
+  o.layout = layout;
+  TierSpec dram;
+  dram.kind = "host";
+  dram.capacity_bytes = 6 * bb;
+  o.tiers = {dram};
+  o.on_event = [&](const KvEvent& e) {
+    std::lock_guard<std::mutex> l(mu);
+    events.push_back(e);
+  };
+  auto cache = std::move(Cache::Open(o)).value();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(77 + t);
+      std::vector<std::byte> data(bb);
+      for (int op = 0; op < 2000; ++op) {
+        // One-block requests of 16 distinct sessions: 16 keys fight over 6 slots.
+        std::vector<TokenId> tokens(kBt, static_cast<TokenId>(rng() % 16));
+        std::vector<BlockKey> keys;
+        HashPrefix(cache->Root(), kBt, tokens, &keys);
+        FillBlock(data, keys[0].lo);
+        const ConstBlock view(data);
+        ASSERT_TRUE(cache->StoreKeys(keys, std::span(&view, 1)).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  cache->Flush();
+  std::sort(events.begin(), events.end(),
+            [](const KvEvent& x, const KvEvent& y) { return x.seq < y.seq; });
+  std::map<BlockKey, bool> resident;
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].seq, i + 1) << "a gap or a repeat";
+    const bool stored = events[i].type == KvEvent::Type::kStored;
+    bool& r = resident[events[i].key];
+    ASSERT_NE(r, stored) << "seq " << events[i].seq << ": " << (stored ? "stored" : "removed")
+                         << " twice in a row for one block";
+    r = stored;
+  }
+  EXPECT_GT(events.size(), 100u);
+  for (const auto& [key, r] : resident) {
+    auto lk = cache->LookupKeys(std::span(&key, 1));
+    ASSERT_TRUE(lk.ok());
+    EXPECT_EQ(lk->hit_blocks == 1, r) << key.ToHex();
+  }
 }
 
 // A real disk tier at the bottom: it evicts whole segments itself, and its Puts run outside the

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -167,20 +169,34 @@ TEST(BlockIndexTest, TableAgreesWithAMap) {
   for (int shards : {1, 4, 64}) {
     BlockIndex index(shards);
     std::unordered_map<BlockKey, TierMask> model;
+    uint64_t last_change = 0;
     std::mt19937_64 rng(shards);
     for (int step = 0; step < 100000; ++step) {
       // lo ^ hi repeats often across this space, so probe runs are long.
       const BlockKey k{rng() % 4, rng() % 3000};
       const int tier = static_cast<int>(rng() % 3);
       switch (rng() % 3) {
-        case 0:
-          index.AddTier(k, tier, 0);
+        case 0: {
+          // A change is numbered above every earlier one; adding what is there is no change.
+          const bool had = model.count(k) && (model[k] >> tier & 1);
+          const uint64_t change = index.AddTier(k, tier, 0);
+          ASSERT_EQ(change == 0, had);
+          if (change) {
+            ASSERT_GT(change, last_change);
+          }
+          last_change = std::max(last_change, change);
           model[k] |= TierMask{1} << tier;
           break;
+        }
         case 1: {
           auto it = model.find(k);
           const bool had = it != model.end() && (it->second >> tier & 1);
-          ASSERT_EQ(index.RemoveTier(k, tier), had);
+          const uint64_t change = index.RemoveTier(k, tier);
+          ASSERT_EQ(change != 0, had);
+          if (change) {
+            ASSERT_GT(change, last_change);
+          }
+          last_change = std::max(last_change, change);
           if (it != model.end()) {
             it->second &= ~(TierMask{1} << tier);
             if (it->second == 0) model.erase(it);
