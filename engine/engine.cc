@@ -280,7 +280,8 @@ Result<TurnResult> Engine::RunTurn(std::span<const TokenId> prompt, const TurnOp
   // Load [resident + recompute, + load) straight into the pool blocks, and compute the rest:
   // one after the other, or layer by layer with the load under the compute.
   const uint32_t load_begin = resident + recompute;
-  const uint32_t want = load > 0 && lookup.ok() ? std::min(load, lookup->hit_blocks - recompute) : 0;
+  const uint32_t want =
+      load > 0 && lookup.ok() ? std::min(load, lookup->hit_blocks - recompute) : 0;
   std::vector<MutableBlock> dst;
   for (uint32_t i = 0; i < want; ++i) dst.push_back(pool_->block(table[load_begin + i]));
   const Span span{prompt, table, resident, load_begin, prompt_blocks};
@@ -357,15 +358,13 @@ void Engine::CountLoaded(const LookupResult& lookup, uint32_t first, const LoadR
   r->load_failed_blocks += static_cast<uint32_t>(lr.block_status.size()) - lr.loaded_blocks;
 }
 
-Status Engine::ComputeBlocks(const Span& s, uint32_t skip_begin, uint32_t skip_end,
-                             TurnResult* r) {
+Status Engine::ComputeBlocks(const Span& s, uint32_t skip_begin, uint32_t skip_end, TurnResult* r) {
   const uint32_t bt = options_.block_tokens, n = static_cast<uint32_t>(s.prompt.size());
   for (uint32_t b = s.resident; b < s.prompt_blocks; ++b) {
     if (b >= skip_begin && b < skip_end) continue;
     const uint32_t begin = b * bt, end = std::min(n, begin + bt);
-    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(s.prompt.subspan(begin, end - begin), begin,
-                                               s.table, pool_.get(),
-                                               end == n ? &r->logits : nullptr));
+    KVTIER_RETURN_IF_ERROR(model_.ForwardChunk(s.prompt.subspan(begin, end - begin), begin, s.table,
+                                               pool_.get(), end == n ? &r->logits : nullptr));
     r->computed_tokens += end - begin;
   }
   return Status::Ok();
@@ -389,13 +388,13 @@ Result<uint32_t> Engine::LoadLayerwise(const LookupResult& lookup, uint32_t firs
     chunks.push_back({b * bt, std::min(n, b * bt + bt) - b * bt});
   }
   double waited = 0;
-  const Status pass = model_.ForwardLayerwise(
-      s.prompt, chunks, s.table, pool_.get(), &r->logits, [&](uint32_t layer) {
-        const double w0 = MonotonicSeconds();
-        Status st = (*lw)->WaitLayer(layer, timeout);
-        waited += MonotonicSeconds() - w0;
-        return st;
-      });
+  const Status pass = model_.ForwardLayerwise(s.prompt, chunks, s.table, pool_.get(), &r->logits,
+                                              [&](uint32_t layer) {
+                                                const double w0 = MonotonicSeconds();
+                                                Status st = (*lw)->WaitLayer(layer, timeout);
+                                                waited += MonotonicSeconds() - w0;
+                                                return st;
+                                              });
   if (!pass.ok()) (*lw)->Cancel();
   const double f0 = MonotonicSeconds();
   Result<LoadResult> lr = (*lw)->Finish(timeout);

@@ -85,7 +85,7 @@ struct TurnResult {
   Plan plan;            // what the planner chose (when planned)
   double ttft_s = 0;    // turn start -> logits of the last prompt token
   double lookup_s = 0;  // hashing + pool match + Cache lookup + plan
-  double load_s = 0;  // layer-wise: the time the compute waited for the load
+  double load_s = 0;    // layer-wise: the time the compute waited for the load
   double compute_s = 0;
   double store_s = 0;  // after TTFT
   double decode_s = 0;
@@ -138,8 +138,7 @@ class Engine {
   // Cache::Load of dst (blocks first.. of lookup); returns the leading blocks delivered.
   uint32_t LoadBlocks(const LookupResult& lookup, uint32_t first, std::span<const MutableBlock> dst,
                       TurnResult* r);
-  void CountLoaded(const LookupResult& lookup, uint32_t first, const LoadResult& lr,
-                   TurnResult* r);
+  void CountLoaded(const LookupResult& lookup, uint32_t first, const LoadResult& lr, TurnResult* r);
   // Computes blocks [s.resident, s.prompt_blocks) but [skip_begin, skip_end), chunk by chunk.
   Status ComputeBlocks(const Span& s, uint32_t skip_begin, uint32_t skip_end, TurnResult* r);
   // Loads dst layer by layer while computing the other blocks; recomputes what a failed block

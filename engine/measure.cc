@@ -316,8 +316,7 @@ uint64_t ResumePoolBlocks(const ResumeOptions& o, uint32_t bt) {
 namespace {
 
 // Lookup + Load of prompt's cached blocks into pool blocks of a cold pool; the seconds taken.
-Result<double> TimeLoadOnly(Engine* engine, const std::vector<TokenId>& prefix,
-                            uint32_t* loaded) {
+Result<double> TimeLoadOnly(Engine* engine, const std::vector<TokenId>& prefix, uint32_t* loaded) {
   engine->pool().DropUnreferenced();
   Cache& cache = *engine->cache();
   const double t0 = MonotonicSeconds();
@@ -343,8 +342,7 @@ Result<double> TimeLoadOnly(Engine* engine, const std::vector<TokenId>& prefix,
 
 }  // namespace
 
-Result<ResumeResult> RunResume(Engine* engine, const ResumeOptions& o,
-                               const ProgressFn& progress) {
+Result<ResumeResult> RunResume(Engine* engine, const ResumeOptions& o, const ProgressFn& progress) {
   if (engine->cache() == nullptr) return Status::InvalidArgument("resume: no cache attached");
   const uint32_t bt = engine->options().block_tokens;
   KVTIER_RETURN_IF_ERROR(CheckPool("resume", *engine, ResumePoolBlocks(o, bt)));
@@ -437,17 +435,18 @@ std::string ResumeResult::ToJson() const {
   j["tier"] = tier;
   j["points"] = nlohmann::json::array();
   for (const ResumePoint& p : points) {
-    nlohmann::json o = {{"prefix_tokens", p.prefix_tokens},
-                        {"new_tokens", p.new_tokens},
-                        {"loaded_blocks", p.loaded_blocks},
-                        {"loaded_bytes", p.loaded_bytes},
-                        {"load_only_ms", p.load_only_s * 1e3},
-                        {"compute_only_ms", p.compute_only_s * 1e3},
-                        {"sync_ms", p.sync_s * 1e3},
-                        {"layerwise_ms", p.layerwise_s * 1e3},
-                        {"layerwise_wait_ms", p.layerwise_wait_s * 1e3},
-                        {"overlap_ratio", p.layerwise_s / std::max(p.load_only_s, p.compute_only_s)},
-                        {"bit_exact", p.bit_exact}};
+    nlohmann::json o = {
+        {"prefix_tokens", p.prefix_tokens},
+        {"new_tokens", p.new_tokens},
+        {"loaded_blocks", p.loaded_blocks},
+        {"loaded_bytes", p.loaded_bytes},
+        {"load_only_ms", p.load_only_s * 1e3},
+        {"compute_only_ms", p.compute_only_s * 1e3},
+        {"sync_ms", p.sync_s * 1e3},
+        {"layerwise_ms", p.layerwise_s * 1e3},
+        {"layerwise_wait_ms", p.layerwise_wait_s * 1e3},
+        {"overlap_ratio", p.layerwise_s / std::max(p.load_only_s, p.compute_only_s)},
+        {"bit_exact", p.bit_exact}};
     if (p.recompute_s >= 0) o["recompute_ms"] = p.recompute_s * 1e3;
     j["points"].push_back(o);
   }

@@ -94,10 +94,10 @@ struct ResumePoint {
   uint32_t new_tokens = 0;
   uint32_t loaded_blocks = 0;
   uint64_t loaded_bytes = 0;
-  double load_only_s = 0;     // Lookup + Load of the prefix alone (median)
-  double compute_only_s = 0;  // the new tokens' compute with the prefix in place (median)
-  double sync_s = 0;          // TTFT: load, then compute (median)
-  double layerwise_s = 0;     // TTFT: layer l + 1 loads while layer l computes (median)
+  double load_only_s = 0;       // Lookup + Load of the prefix alone (median)
+  double compute_only_s = 0;    // the new tokens' compute with the prefix in place (median)
+  double sync_s = 0;            // TTFT: load, then compute (median)
+  double layerwise_s = 0;       // TTFT: layer l + 1 loads while layer l computes (median)
   double layerwise_wait_s = 0;  // of which the compute waited for the load (median)
   double recompute_s = -1;      // TTFT of a full recompute (prompts up to verify_tokens)
   bool bit_exact = false;       // layer-wise logits == synchronous (== recompute when run)

@@ -29,8 +29,7 @@ struct EngineSetup {
 Result<EngineSetup> BuildEngine(const EngineOptions& options, uint64_t host_bytes,
                                 const std::string& config_path = "");
 // The same over the given tiers (top first), keyed by the engine's model and weights.
-Result<EngineSetup> BuildEngineWithTiers(const EngineOptions& options,
-                                         std::vector<TierSpec> tiers);
+Result<EngineSetup> BuildEngineWithTiers(const EngineOptions& options, std::vector<TierSpec> tiers);
 
 }  // namespace kvtier::engine
 

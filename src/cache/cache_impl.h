@@ -208,9 +208,9 @@ class Cache::Impl {
                                                        std::span<const MutableBlock> dst);
   // Queues (or runs) the promotion of loaded blocks [0, loaded) that came from below tier top_.
   // keys and source start at block `first` of the lookup.
-  void PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source,
-                     uint32_t first, std::span<const MutableBlock> dst, uint32_t loaded,
-                     uint64_t hit_tokens, bool promote_now);
+  void PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source, uint32_t first,
+                     std::span<const MutableBlock> dst, uint32_t loaded, uint64_t hit_tokens,
+                     bool promote_now);
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block, const RequestOptions& request);
   void NotifySession(uint64_t session_id, SessionEvent event);

@@ -245,8 +245,7 @@ class Reader {
     KVTIER_RETURN_IF_ERROR(
         CheckKeys(root, "",
                   {"model_id", "model_revision", "layout", "tenant", "lora_id", "write_mode",
-                   "verify_checksums", "promote_on_load", "write_queue_blocks", "tiers",
-                   "serve"}));
+                   "verify_checksums", "promote_on_load", "write_queue_blocks", "tiers", "serve"}));
     CacheOptions o;
     if (root["model_id"]) {
       KVTIER_ASSIGN_OR_RETURN(o.model_id, String(root["model_id"], "model_id"));

@@ -102,7 +102,8 @@ Status Tier::GetSlice(std::span<const BlockKey> keys, uint64_t offset,
 
 void Tier::GetSliceImpl(std::span<const BlockKey>, uint64_t, std::span<const MutableBlock>,
                         std::span<uint64_t>, std::span<Status> results) {
-  for (Status& s : results) s = Status::InvalidArgument("tier '" + name_ + "' does not read slices");
+  for (Status& s : results)
+    s = Status::InvalidArgument("tier '" + name_ + "' does not read slices");
 }
 
 Status Tier::Exists(std::span<const BlockKey> keys, std::span<bool> out) {

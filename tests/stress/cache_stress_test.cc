@@ -1,9 +1,9 @@
 // 8 threads doing random Store / Lookup / Load / Flush with eviction over three tiers, one of
 // which corrupts reads at random (and reads slices, for layer-wise loads that run to the end,
-// are cancelled, time out or are destroyed in flight), while the background writer moves blocks down (small queues
-// make Stores wait for it; the Cache is destroyed with writes still queued). Every block's
-// bytes are a function of its key, so the model of what a Load must return is exact: any torn,
-// stale or misplaced block fails the test, and a corrupt one must never be served.
+// are cancelled, time out or are destroyed in flight), while the background writer moves blocks
+// down (small queues make Stores wait for it; the Cache is destroyed with writes still queued).
+// Every block's bytes are a function of its key, so the model of what a Load must return is exact:
+// any torn, stale or misplaced block fails the test, and a corrupt one must never be served.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -325,7 +325,8 @@ TEST(CacheLayerwiseTest, LayersArriveInOrderAndBlocksMatch) {
   for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(f.out[i], f.req->data[1 + i]) << "block " << i;
   // One batched slice read per layer, layer 0 first.
   std::vector<uint64_t> want;
-  for (uint32_t l = 0; l < layers; ++l) want.push_back(uint64_t{l} * f.cache->layout().layer_bytes());
+  for (uint32_t l = 0; l < layers; ++l)
+    want.push_back(uint64_t{l} * f.cache->layout().layer_bytes());
   EXPECT_EQ(f.offsets, want);
   EXPECT_EQ((*load)->Finish(kPatience).status().code(), StatusCode::kInvalidArgument);
   auto bad = f.cache->LoadLayerwise(*lk, 2, std::span(f.views).first(4));

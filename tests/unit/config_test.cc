@@ -347,7 +347,8 @@ TEST(ConfigTest, EveryBoolKeyTakesTheSameWords) {
 
 TEST(ConfigTest, WriteQueueBlocks) {
   auto o = ParseCacheOptionsYaml(
-      "layout: {preset: llama-3.1-8b}\nwrite_queue_blocks: 0\ntiers:\n  - {kind: host, capacity: 1GiB}\n",
+      "layout: {preset: llama-3.1-8b}\nwrite_queue_blocks: 0\ntiers:\n  - {kind: host, capacity: "
+      "1GiB}\n",
       "q.yaml");
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->write_queue_blocks, 0u);

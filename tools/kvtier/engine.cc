@@ -92,8 +92,8 @@ int RunResumeCommand(const CrossoverFlags& f) {
   }
   engine::EngineOptions eo = f.engine.options;
   eo.pool_blocks = std::max(eo.pool_blocks, engine::ResumePoolBlocks(f.resume, eo.block_tokens));
-  Result<engine::ModelConfig> mc = eo.gguf.empty() ? engine::ModelPreset(eo.model)
-                                                   : Result<engine::ModelConfig>(Status::Ok());
+  Result<engine::ModelConfig> mc =
+      eo.gguf.empty() ? engine::ModelPreset(eo.model) : Result<engine::ModelConfig>(Status::Ok());
   uint32_t max_prefix = 0;
   for (uint32_t p : f.resume.prefix_tokens) max_prefix = std::max(max_prefix, p);
   // Every prefix stays resident: twice the largest, in blocks of the engine's layout (a GGUF
@@ -118,8 +118,8 @@ int RunResumeCommand(const CrossoverFlags& f) {
               eo.block_tokens, FormatBytes(e.layout().bytes_per_block()).c_str(),
               setup->cache->tier(0).name().c_str(), f.tier.c_str());
   cli::Progress progress("crossover");
-  Result<engine::ResumeResult> res = engine::RunResume(
-      &e, f.resume, [&](double d, double t) { progress.Update(d, t); });
+  Result<engine::ResumeResult> res =
+      engine::RunResume(&e, f.resume, [&](double d, double t) { progress.Update(d, t); });
   if (!res.ok()) {
     std::fprintf(stderr, "crossover: %s\n", res.status().ToString().c_str());
     return 1;
@@ -139,8 +139,10 @@ int RunResumeCommand(const CrossoverFlags& f) {
       "\n(medians of %d; load = Lookup + Load of the prefix alone; compute = the new tokens with "
       "the prefix in place; ratio = layerwise / max(load, compute), bar <= 1.1; exact = layer-wise "
       "logits == synchronous%s; sweep %.1f s)\n",
-      std::max(1, f.resume.reps), f.resume.verify_tokens > 0 ? " (== full recompute up to "
-                                                              "--verify-tokens)" : "",
+      std::max(1, f.resume.reps),
+      f.resume.verify_tokens > 0 ? " (== full recompute up to "
+                                   "--verify-tokens)"
+                                 : "",
       res->sweep_s);
   if (!f.json.empty() && !WriteText(f.json, res->ToJson())) return 1;
   return all_exact ? 0 : 1;
