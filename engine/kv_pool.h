@@ -1,5 +1,5 @@
-// KvPool: the engine's paged KV block pool, the "device" tier of the reference engine (a host
-// emulation of HBM). It is capacity-bounded: a fixed arena of blocks, each one contiguous block
+// KvPool: the reference engine's paged KV block pool, its stand-in for HBM (host memory; not a
+// Tier, see below). It is capacity-bounded: a fixed arena of blocks, each one contiguous block
 // across layers in kvtier's KvLayout (see include/kvtier/layout.h):
 //   for layer l: K[block_tokens][num_kv_heads][head_dim] then V (same shape), fp32.
 // Attention reads K and V straight from these blocks (paged attention), and Cache::Load writes

@@ -172,7 +172,6 @@ Result<Calibration> Calibrate(Engine* engine, const CalibrationOptions& opt,
   CostProfile& p = cal.profile;
   for (int tier = 0; tier < cache->num_tiers(); ++tier) {
     Tier& tr = cache->tier(tier);
-    if (!tr.capabilities().stores_bytes) continue;
     // Keys under a private chain, put straight into this tier through the cache.
     std::vector<BlockKey> keys;
     BlockKey k = cache->Root();

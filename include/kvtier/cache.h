@@ -7,9 +7,9 @@
 //   Flush()                -> waits for the background writes
 //
 // Asynchronous writes (CacheOptions::write_queue_blocks > 0, the default): Store copies into
-// the first byte-holding tier (host) and returns; a writer thread the Cache owns writes the
-// lower tiers from that copy, which stays pinned until written, in batches (one Put per tier),
-// and moves write-back victims down and promotes loaded blocks the same way. A block shows in a
+// the first tier and returns; a writer thread the Cache owns writes the lower tiers from that
+// copy, which stays pinned until written, in batches (one Put per tier), and moves write-back
+// victims down and promotes loaded blocks the same way. A block shows in a
 // lower tier (Lookup, events) only once that tier holds it. Failed background writes are
 // counted in CacheStats::PerTier::write_failures. on_event may be called from the writer.
 //
@@ -38,7 +38,7 @@
 #include "kvtier/policy.h"
 #include "kvtier/status.h"
 #include "kvtier/tier.h"
-#include "kvtier/tier_options.h"
+#include "kvtier/tier_factory.h"
 
 namespace kvtier {
 
@@ -47,21 +47,6 @@ enum class WriteMode : uint8_t {
   kWriteBack,     // Store writes the first tier; a victim moves to the next tier on eviction
 };
 std::string_view WriteModeName(WriteMode mode);
-
-struct TierSpec {
-  std::string kind;              // "device", "host", "metadata" (+ "disk", "remote" when built)
-  std::string name;              // defaults to kind
-  uint64_t capacity_bytes = 0;   // required, > 0, at least one block
-  int threads = 1;               // copy threads for host/device tiers (1..64)
-  std::string eviction = "lru";  // for cache-managed tiers: see EvictionPolicyNames()
-  AdmissionOptions admission;
-  std::map<std::string, std::string> params;  // kind-specific settings (path, url, ...)
-  // The same settings typed (tier_options.h): at most the one of kind, and not with params.
-  std::optional<HostTierParams> host;  // kind host or device
-  std::optional<DiskTierParams> disk;
-  std::optional<RemoteTierParams> remote;
-  std::shared_ptr<Tier> instance;  // a pre-built tier; kind is then ignored
-};
 
 struct CacheOptions {
   KvLayout layout;
@@ -110,9 +95,9 @@ class LayerwiseLoad {
   Status WaitLayer(uint32_t layer, std::chrono::milliseconds timeout);
   // Waits for every layer, checks each block whole against its checksum and returns what Load
   // would have: loaded_blocks is the leading run of good blocks, block_status says why the others
-  // failed (a corrupt block is dropped from its tier). Blocks read from below the first
-  // byte-holding tier are promoted into it as Load does. Unavailable when the timeout passes
-  // first; InvalidArgument when called again after it returned a result.
+  // failed (a corrupt block is dropped from its tier). Blocks read from below the first tier
+  // are promoted into it as Load does. Unavailable when the timeout passes first;
+  // InvalidArgument when called again after it returned a result.
   Result<LoadResult> Finish(std::chrono::milliseconds timeout);
   // Stops before the next layer and waits for the one being read; no buffer is touched after
   // it returns. Finish() then reports the blocks not fully loaded as failed.
@@ -161,7 +146,7 @@ class Cache final : public KvCache {
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
   // more blocks than full blocks in tokens, or a buffer has the wrong size. With asynchronous
-  // writes, stored_blocks counts blocks the first byte-holding tier took or the writer queued
+  // writes, stored_blocks counts blocks the first tier took or the writer queued
   // (their later failures count in write_failures); the buffers may be reused on return.
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
                             uint32_t first_block = 0, const RequestOptions& request = {}) override;
@@ -188,11 +173,6 @@ class Cache final : public KvCache {
   explicit Cache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Makes a tier from a spec (the built-in kinds). InvalidArgument for an unknown kind or a bad
-// param, naming it.
-Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout);
-std::vector<std::string> TierKindNames();
 
 }  // namespace kvtier
 

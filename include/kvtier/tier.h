@@ -1,4 +1,4 @@
-// Tier: one storage level for KV blocks (device, host DRAM, disk, remote, metadata-only).
+// Tier: one storage level for KV blocks (host DRAM, an emulated device tier, disk, remote).
 //
 // Public methods are non-virtual: they check arguments, time the call and keep stats, then call
 // the protected ...Impl virtuals that implementations provide. All calls are batched; each block
@@ -33,14 +33,17 @@ namespace kvtier {
 // Tiers one cache stacks at most (tier masks and per-tier arrays are this wide).
 inline constexpr int kMaxTiers = 8;
 
-enum class TierKind : uint8_t { kDevice, kHost, kDisk, kRemote, kMetadata };
+// kEmulatedDevice: a host-DRAM arena standing in for a device (HBM) tier, until a CUDA tier
+// exists; it never holds device memory.
+enum class TierKind : uint8_t { kEmulatedDevice, kHost, kDisk, kRemote };
+// TierKind values are 0..kNumTierKinds - 1 (the daemon's stats reply carries them as a u8).
+inline constexpr int kNumTierKinds = 4;
 std::string_view TierKindName(TierKind kind);
 
 using ConstBlock = std::span<const std::byte>;
 using MutableBlock = std::span<std::byte>;
 
 struct TierCapabilities {
-  bool stores_bytes = true;      // false for MetadataTier: Get copies nothing.
   bool managed_by_cache = true;  // false: the tier evicts by itself and notifies.
   bool authoritative = true;     // false: others may add or drop blocks (shared remote);
                                  // the index is a hint and Lookup asks Exists.

@@ -1,6 +1,6 @@
 // The typed settings of the built-in tier kinds: what a config's `params:` holds for a host (or
-// device), disk or remote tier. Set one on TierSpec (spec.disk = DiskTierParams{...}), or give
-// the same keys as strings in TierSpec::params; both go through one reader with one vocabulary
+// emulated_device), disk or remote tier. Set one on TierSpec (spec.disk = DiskTierParams{...}), or
+// give the same keys as strings in TierSpec::params; both go through one reader with one vocabulary
 // and one set of checks (doc/config.md lists every key).
 //
 // Vocabulary of a params string: bool: true|false|yes|no|on|off|1|0; integer: decimal digits;
@@ -21,11 +21,13 @@
 
 namespace kvtier {
 
-// Kind "host" or "device" (its host emulation). Copy threads are TierSpec::threads.
+// Kind "host" or "emulated_device" (host memory standing in for HBM). Copy threads are
+// TierSpec::threads.
 struct HostTierParams {
-  bool prefault = true;     // fault the arena in at open (a first-touch fault costs ~17x a copy)
-  bool huge_pages = true;   // MADV_HUGEPAGE on the arena
-  std::optional<bool> pin;  // cudaHostRegister with CUDA; unset: true for host, false for device
+  bool prefault = true;    // fault the arena in at open (a first-touch fault costs ~17x a copy)
+  bool huge_pages = true;  // MADV_HUGEPAGE on the arena
+  // cudaHostRegister with CUDA; unset: true for host, false for emulated_device.
+  std::optional<bool> pin;
   bool operator==(const HostTierParams&) const = default;
   // OK, or InvalidArgument "KEY: why" (each struct's Validate checks its table's ranges).
   Status Validate() const;
@@ -70,8 +72,8 @@ struct RemoteTierParams {
   Status Validate() const;
 };
 
-// The keys a kind's params take ("host", "device", "disk", "remote"), in table order; empty for
-// a kind without params.
+// The keys a kind's params take ("host", "emulated_device", "disk", "remote"), in table order;
+// empty for a kind without params.
 std::vector<std::string> TierParamKeys(std::string_view kind);
 
 }  // namespace kvtier

@@ -95,15 +95,12 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   r.hit_blocks = hit;
   r.source.resize(hit);
   for (uint32_t i = 0; i < hit; ++i) {
-    // The fastest tier holding the bytes; a metadata-only tier when nothing else has it.
+    // The fastest tier holding the block.
     int src = -1;
     for (auto& st : tiers_) {
       if (!(masks[i] & (TierMask{1} << st->index))) continue;
-      if (st->caps.stores_bytes) {
-        src = st->index;
-        break;
-      }
-      if (src < 0) src = st->index;
+      src = st->index;
+      break;
     }
     r.source[i] = static_cast<int8_t>(src);
     ++r.blocks_by_tier[src];
@@ -201,12 +198,6 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
     for (uint32_t i = 0; i < n; ++i)
       if (source_of(i) == st->index) idx.push_back(i);
     if (idx.empty()) continue;
-    if (!st->caps.stores_bytes) {
-      for (uint32_t i : idx)
-        r.block_status[i] = Status::InvalidArgument("tier '" + st->tier->name() +
-                                                    "' holds no bytes (metadata only)");
-      continue;
-    }
     keys.clear();
     bufs.clear();
     for (uint32_t i : idx) {
@@ -245,8 +236,7 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
     IndexEntry e;
     if (!index_.Get(key_of(i), &e)) continue;
     for (auto& st : tiers_) {
-      if (st->index == src || !(e.tiers & (TierMask{1} << st->index)) || !st->caps.stores_bytes)
-        continue;
+      if (st->index == src || !(e.tiers & (TierMask{1} << st->index))) continue;
       const BlockKey k[1] = {key_of(i)};
       const MutableBlock b[1] = {dst[i]};
       Status s[1];
@@ -275,10 +265,10 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
 void Cache::Impl::PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source,
                                 uint32_t first, std::span<const MutableBlock> dst, uint32_t loaded,
                                 uint64_t hit_tokens, bool promote_now) {
-  // Promote blocks that came from below into the first byte-holding tier: in the background
-  // (re-read from their tier, off the caller's path) when writes are asynchronous.
-  if (!options_.promote_on_load || loaded == 0 || !tiers_[top_]->caps.stores_bytes) return;
-  TierState* top = tiers_[top_].get();
+  // Promote blocks that came from below into the first tier: in the background (re-read from
+  // their tier, off the caller's path) when writes are asynchronous.
+  if (!options_.promote_on_load || loaded == 0) return;
+  TierState* top = tiers_[0].get();
   WriteJob job;
   for (uint32_t i = 0; i < loaded; ++i) {
     if (source[i] == top->index) continue;

@@ -42,7 +42,7 @@ class CacheHooks {
   static Result<LoadResult> LoadIntoHost(Cache& cache, const LookupResult& lookup,
                                          std::span<const MutableBlock> dst);
 
-  // Drops every unpinned block of the cache-managed tiers (host, device, metadata), with
+  // Drops every unpinned block of the cache-managed tiers (host, emulated_device), with
   // removal events. Returns how many blocks.
   static uint64_t ClearManaged(Cache& cache);
 

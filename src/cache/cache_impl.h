@@ -151,10 +151,8 @@ class Cache::Impl {
           }
         });
       }
-      if (top_ < 0 && st->caps.stores_bytes) top_ = st->index;
       tiers_.push_back(std::move(st));
     }
-    if (top_ < 0) top_ = static_cast<int>(tiers_.size()) - 1;
     async_ = options_.write_queue_blocks > 0;
     if (async_) writer_ = std::thread([this] { WriterLoop(); });
     return Status::Ok();
@@ -206,7 +204,7 @@ class Cache::Impl {
   // Layer-wise loads (cache_layerwise.cc).
   Result<std::unique_ptr<LayerwiseLoad>> LoadLayerwise(const LookupResult& lookup, uint32_t first,
                                                        std::span<const MutableBlock> dst);
-  // Queues (or runs) the promotion of loaded blocks [0, loaded) that came from below tier top_.
+  // Queues (or runs) the promotion of loaded blocks [0, loaded) that came from below tier 0.
   // keys and source start at block `first` of the lookup.
   void PromoteLoaded(std::span<const BlockKey> keys, std::span<const int8_t> source, uint32_t first,
                      std::span<const MutableBlock> dst, uint32_t loaded, uint64_t hit_tokens,
@@ -295,7 +293,6 @@ class Cache::Impl {
   // Counts failures of a background write in the target tier's stats (never lost silently).
   void CountFailures(TierState& st, std::span<const Status> results);
 
-  int top_ = -1;  // the first byte-holding tier: the only one written on the caller's path
   bool async_ = false;
 
   Mutex writer_mu_;

@@ -88,11 +88,7 @@ void LayerwiseLoad::State::Run() {
     for (uint32_t i = 0; i < keys.size(); ++i)
       if (source[i] == st->index) idx.push_back(i);
     if (idx.empty()) continue;
-    if (!st->caps.stores_bytes) {
-      for (uint32_t i : idx)
-        status[i] = Status::InvalidArgument("tier '" + st->tier->name() +
-                                            "' holds no bytes (metadata only)");
-    } else if (st->caps.reads_slices) {
+    if (st->caps.reads_slices) {
       sliced.emplace_back(st.get(), std::move(idx));
     } else {
       ReadWhole(*st, idx);

@@ -42,7 +42,7 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
   if (victims.empty()) return;
   const uint64_t bb = options_.layout.bytes_per_block();
   const bool write_back = options_.write_mode == WriteMode::kWriteBack &&
-                          st.index + 1 < static_cast<int>(tiers_.size()) && st.caps.stores_bytes;
+                          st.index + 1 < static_cast<int>(tiers_.size());
   std::vector<BlockKey> keys;
   keys.reserve(victims.size());
   for (const Victim& v : victims) keys.push_back(v.key);
@@ -220,10 +220,8 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
   if (keys.size() != blocks.size())
     return Status::InvalidArgument("Store: " + std::to_string(keys.size()) + " keys but " +
                                    std::to_string(blocks.size()) + " blocks");
-  bool any_bytes_tier = false;
-  for (auto& st : tiers_) any_bytes_tier |= st->caps.stores_bytes;
   for (size_t i = 0; i < blocks.size(); ++i)
-    if (any_bytes_tier && blocks[i].size() != block_bytes)
+    if (blocks[i].size() != block_bytes)
       return Status::InvalidArgument("Store: block " + std::to_string(i) + " has " +
                                      std::to_string(blocks[i].size()) + " bytes, the layout's " +
                                      "block has " + std::to_string(block_bytes));
@@ -249,8 +247,8 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
   std::vector<PendingEvent> events;
   std::vector<WriteJob> down;
   const bool write_back = options_.write_mode == WriteMode::kWriteBack;
-  // Asynchronous write-through: the caller writes up to the first byte-holding tier.
-  const int last_sync = write_back ? 0 : (async_ ? top_ : static_cast<int>(tiers_.size()) - 1);
+  // Asynchronous write-through: the caller writes the first tier only.
+  const int last_sync = write_back || async_ ? 0 : static_cast<int>(tiers_.size()) - 1;
   for (int t = 0; t <= last_sync; ++t) {
     uint32_t stored = 0;
     StoreToTier(*tiers_[t], b, results, &stored, &events, &down);
@@ -290,7 +288,7 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
       for (size_t j = 0; j < idx.size(); ++j) {
         IndexEntry e;
         // Pinned now; a block evicted before the pin is staged from the caller's buffer.
-        if (tiers_[top]->caps.stores_bytes && index_.Get(keys[idx[j]], &e) && (e.tiers & top_bit))
+        if (index_.Get(keys[idx[j]], &e) && (e.tiers & top_bit))
           from[j] = static_cast<int8_t>(top);
         else
           ++staged;

@@ -162,8 +162,8 @@ class Reader {
                         const KvLayout& layout) const {
     std::string key;
     Status st;
-    if (t->kind == "host" || t->kind == "device") {
-      auto r = HostParamsOf(*t, &key);  // names the kind: host or device
+    if (t->kind == "host" || t->kind == "emulated_device") {
+      auto r = HostParamsOf(*t, &key);  // names the kind: host or emulated_device
       if (r.ok()) t->host = *r;
       st = r.status();
     } else if (t->kind == "disk") {
@@ -207,6 +207,8 @@ class Reader {
     TierSpec t;
     if (!n["kind"]) return Error(n, Join(path, "kind"), "missing");
     KVTIER_ASSIGN_OR_RETURN(t.kind, String(n["kind"], Join(path, "kind")));
+    if (Status s = RenamedTierKind(t.kind); !s.ok())
+      return Error(n["kind"], Join(path, "kind"), std::string(s.message()));
     if (n["name"]) {
       KVTIER_ASSIGN_OR_RETURN(t.name, String(n["name"], Join(path, "name")));
     }

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "kvtier/cache.h"
+#include "kvtier/tier_factory.h"
 #include "kvtier/tier_options.h"
 
 namespace kvtier {

@@ -414,7 +414,13 @@ Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
       uint8_t kind = 0;
       r->Str(&t.name);
       r->U8(&kind);
-      t.kind = static_cast<TierKind>(kind <= 4 ? kind : 4);
+      // A kind this client does not know (a newer daemon's, or one since removed) is refused
+      // rather than shown as another.
+      if (r->ok() && kind >= kNumTierKinds)
+        return Status::InvalidArgument("stats reply: tier '" + t.name + "' has unknown kind " +
+                                       std::to_string(kind) + " (known: 0.." +
+                                       std::to_string(kNumTierKinds - 1) + ")");
+      t.kind = static_cast<TierKind>(kind);
       for (uint64_t* v : {&t.resident_blocks, &t.hit_blocks, &t.evictions, &t.writebacks,
                           &t.rejected, &t.corruptions, &t.tier.used_bytes, &t.tier.capacity_bytes,
                           &t.tier.puts, &t.tier.gets, &t.tier.hits, &t.tier.misses})

@@ -1,15 +1,26 @@
 // MakeTier: builds a tier of a built-in kind from a TierSpec.
+#include "kvtier/tier_factory.h"
+
 #include "config/tier_params.h"
-#include "kvtier/cache.h"
 #include "tiers/disk/disk_tier.h"
 #include "tiers/host/host_tier.h"
-#include "tiers/metadata/metadata_tier.h"
 #include "tiers/remote/remote_tier.h"
 
 namespace kvtier {
 
-std::vector<std::string> TierKindNames() {
-  return {"device", "host", "metadata", "disk", "remote"};
+std::vector<std::string> TierKindNames() { return {"emulated_device", "host", "disk", "remote"}; }
+
+Status RenamedTierKind(std::string_view kind) {
+  if (kind != "device") return Status::Ok();
+  return Status::InvalidArgument(
+      "kind 'device' is now 'emulated_device' (a host-memory stand-in for a device tier); use "
+      "kind: emulated_device");
+}
+
+std::optional<TierKind> TierKindFromName(std::string_view name) {
+  for (int k = 0; k < kNumTierKinds; ++k)
+    if (TierKindName(static_cast<TierKind>(k)) == name) return static_cast<TierKind>(k);
+  return std::nullopt;
 }
 
 Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& layout) {
@@ -18,21 +29,18 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
   named.name = name;
   // Every kind's params go through the one reader (config/tier_params.h) first.
   if (Status s = CheckTierSpecParams(named); !s.ok()) return s.WithContext("tier '" + name + "'");
-  if (spec.kind == "host" || spec.kind == "device") {
+  if (Status s = RenamedTierKind(spec.kind); !s.ok()) return s.WithContext("tier '" + name + "'");
+  if (spec.kind == "host" || spec.kind == "emulated_device") {
     KVTIER_ASSIGN_OR_RETURN(HostTierParams p, HostParamsOf(named));
     HostTierOptions o;
     o.name = name;
-    o.kind = spec.kind == "host" ? TierKind::kHost : TierKind::kDevice;
+    o.kind = *TierKindFromName(spec.kind);
     o.capacity_bytes = spec.capacity_bytes;
     o.threads = spec.threads;
     o.prefault = p.prefault;
     o.huge_pages = p.huge_pages;
     o.pin = p.pin.value_or(spec.kind == "host");
     KVTIER_ASSIGN_OR_RETURN(auto tier, HostTier::Open(layout, o));
-    return std::unique_ptr<Tier>(std::move(tier));
-  }
-  if (spec.kind == "metadata") {
-    KVTIER_ASSIGN_OR_RETURN(auto tier, MetadataTier::Open(layout, name, spec.capacity_bytes));
     return std::unique_ptr<Tier>(std::move(tier));
   }
   if (spec.kind == "disk") {

@@ -17,16 +17,14 @@ Status CheckSizes(const char* op, size_t keys, size_t blocks, size_t results) {
 
 std::string_view TierKindName(TierKind kind) {
   switch (kind) {
-    case TierKind::kDevice:
-      return "device";
+    case TierKind::kEmulatedDevice:
+      return "emulated_device";
     case TierKind::kHost:
       return "host";
     case TierKind::kDisk:
       return "disk";
     case TierKind::kRemote:
       return "remote";
-    case TierKind::kMetadata:
-      return "metadata";
   }
   return "?";
 }

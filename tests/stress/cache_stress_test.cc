@@ -159,7 +159,7 @@ TEST_P(CacheStressTest, EveryLoadMatchesTheModel) {
   o.write_mode = GetParam().mode;
   o.write_queue_blocks = GetParam().queue_blocks;
   TierSpec hbm, dram;
-  hbm.kind = "device";
+  hbm.kind = "emulated_device";
   hbm.name = "hbm";
   hbm.capacity_bytes = 24 * bb;
   hbm.eviction = GetParam().eviction;

@@ -404,21 +404,6 @@ TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
   EXPECT_EQ(s.tiers[1].rejected, 2u);
 }
 
-TEST(CacheTest, MetadataTierAnswersLookupsButServesNoBytes) {
-  TierSpec meta;
-  meta.kind = "metadata";
-  meta.capacity_bytes = 16 * SmallLayout(kBt).bytes_per_block();
-  auto cache = OpenCache({meta});
-  auto tokens = Tokens(3 * kBt);
-  std::vector<ConstBlock> empty(3);
-  ASSERT_TRUE(cache->Store(tokens, empty).ok());
-  auto lk = cache->Lookup(tokens);
-  EXPECT_EQ(lk->hit_blocks, 3u);
-  Buffers out(*cache, 1);
-  auto ld = cache->Load(*lk, out.views);
-  EXPECT_EQ(ld->loaded_blocks, 0u);
-}
-
 TEST(CacheTest, BadInputSaysWhatIsWrong) {
   auto cache = OpenCache({HostSpec(16)});
   auto tokens = Tokens(3 * kBt + 1);

@@ -21,8 +21,9 @@ write_mode: write-back
 verify_checksums: false
 tiers:
   - {kind: host, name: dram, capacity: 64MiB, threads: 2, eviction: s3fifo}
-  - kind: metadata
-    capacity: 1GiB
+  - kind: host
+    name: cold
+    capacity: 64MiB
     admission: {kind: after-n-hits, hits: 2}
 )",
                                  "test.yaml");
@@ -118,13 +119,12 @@ TEST(ConfigTest, HostTierParamErrorsNameFileLineAndKey) {
               "huge_pages, pin)");
   ExpectError(head + "    threads: 99\n", "bad.yaml:5: tiers[0].threads: must be in 1..64");
   ExpectError(
-      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: device\n    capacity: 1GiB\n"
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: emulated_device\n    capacity: 1GiB\n"
       "    params: {pinned: true}\n",
-      "bad.yaml:5: tiers[0].params.pinned: unknown device tier param (known: prefault,");
-  ExpectError(
-      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: metadata\n    capacity: 1GiB\n"
-      "    params: {pin: true}\n",
-      "bad.yaml:5: tiers[0].params.pin: unknown metadata tier param (this kind takes none)");
+      "bad.yaml:5: tiers[0].params.pinned: unknown emulated_device tier param (known: prefault,");
+  // The old name of the emulated device tier is refused at its line, naming the new one.
+  ExpectError("layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: device\n    capacity: 1GiB\n",
+              "bad.yaml:3: tiers[0].kind: kind 'device' is now 'emulated_device'");
 }
 
 TEST(ConfigTest, DiskTierParamErrorsNameFileLineAndKey) {

@@ -55,7 +55,6 @@ TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
   EXPECT_TRUE(c.persistent);
   EXPECT_TRUE(c.verify_on_load);
   EXPECT_TRUE(c.verifies_reads);
-  EXPECT_TRUE(c.stores_bytes);
   EXPECT_TRUE(c.reads_slices);
   EXPECT_FALSE(c.authoritative);  // a new Cache asks Exists: the files outlive its index
   const auto names = TierKindNames();

@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "testing/test_util.h"
-#include "tiers/metadata/metadata_tier.h"
 
 namespace kvtier {
 namespace {
@@ -191,22 +190,6 @@ TEST(HostTierTest, ConcurrentReadersNeverSeeTornBlocks) {
     for (size_t i = 1; i < bb; ++i) ASSERT_EQ(out[i], out[0]) << "torn read at byte " << i;
   }
   writer.join();
-}
-
-TEST(MetadataTierTest, TracksResidencyWithoutBytes) {
-  auto t = std::move(MetadataTier::Open(SmallLayout(), "meta", 2 * SmallLayout().bytes_per_block()))
-               .value();
-  EXPECT_FALSE(t->capabilities().stores_bytes);
-  BlockKey k[3] = {{0, 1}, {0, 2}, {0, 3}};
-  ConstBlock none[3];
-  Status s[3];
-  ASSERT_TRUE(t->Put(k, none, s).ok());
-  EXPECT_TRUE(s[0].ok());
-  EXPECT_TRUE(s[1].ok());
-  EXPECT_EQ(s[2].code(), StatusCode::kResourceExhausted);
-  bool e[3];
-  ASSERT_TRUE(t->Exists(k, e).ok());
-  EXPECT_TRUE(e[0] && e[1] && !e[2]);
 }
 
 }  // namespace

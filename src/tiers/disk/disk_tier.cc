@@ -51,7 +51,6 @@ uint64_t DiskTier::UsedBytesImpl() const { return store_->used_bytes(); }
 
 TierCapabilities DiskTier::CapabilitiesImpl() const {
   TierCapabilities c;
-  c.stores_bytes = true;
   c.managed_by_cache = false;  // whole-segment eviction, reported through NotifyRemoved
   // Not authoritative: after a restart the Cache's index is empty while the files hold blocks a
   // previous process stored, so Lookup asks Exists (an in-memory lookup) beyond its own prefix.

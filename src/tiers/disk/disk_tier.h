@@ -15,8 +15,8 @@
 #include <memory>
 #include <string>
 
-#include "kvtier/cache.h"
 #include "kvtier/tier.h"
+#include "kvtier/tier_factory.h"
 #include "kvtier/tier_options.h"
 #include "tiers/disk/disk_store.h"
 

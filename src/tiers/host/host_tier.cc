@@ -30,8 +30,9 @@ Scratch& TlsScratch() {
 }  // namespace
 
 Status HostTierOptions::Validate(const KvLayout& layout) const {
-  if (kind != TierKind::kHost && kind != TierKind::kDevice)
-    return Status::InvalidArgument(name + ".kind: a host arena serves kind host or device");
+  if (kind != TierKind::kHost && kind != TierKind::kEmulatedDevice)
+    return Status::InvalidArgument(name +
+                                   ".kind: a host arena serves kind host or emulated_device");
   if (threads < 1 || threads > 64)
     return Status::InvalidArgument(name + ".threads: must be in 1..64, got " +
                                    std::to_string(threads));
@@ -279,7 +280,6 @@ uint64_t HostTier::UsedBytesImpl() const {
 
 TierCapabilities HostTier::CapabilitiesImpl() const {
   TierCapabilities c;
-  c.stores_bytes = true;
   c.managed_by_cache = true;
   c.authoritative = true;
   c.reads_slices = true;

@@ -5,8 +5,8 @@
 // as pinned memory for DMA. A batch is copied by all configured threads with streaming stores.
 // No heap allocation per operation once the per-thread scratch has grown.
 //
-// The same class, with kind kDevice, is the host emulation of the device tier ("HBM" of the
-// reference engine) when no GPU is present.
+// The same class, with kind kEmulatedDevice, stands in for a device (HBM) tier: host memory
+// labelled as the fastest tier, until a CUDA tier exists.
 //
 // Thread-safety: all methods are thread-safe. Get copies under a shared lock, so an Erase or an
 // overwrite waits for copies of that tier in flight; Put copies into a fresh unpublished slot
@@ -32,7 +32,7 @@ namespace kvtier {
 
 struct HostTierOptions {
   std::string name = "host";
-  TierKind kind = TierKind::kHost;  // kHost or kDevice (emulation)
+  TierKind kind = TierKind::kHost;  // kHost or kEmulatedDevice
   uint64_t capacity_bytes = 0;      // rounded down to whole blocks; >= one block
   int threads = 1;                  // copy threads, 1..64
   bool prefault = true;

@@ -123,7 +123,6 @@ uint64_t RemoteTier::UsedBytesImpl() const {
 
 TierCapabilities RemoteTier::CapabilitiesImpl() const {
   TierCapabilities caps;
-  caps.stores_bytes = true;
   caps.managed_by_cache = false;  // Redis evicts by itself (maxmemory policy, TTL)
   caps.authoritative = false;     // other replicas add and drop blocks
   caps.persistent = false;        // whether Redis persists is the server's configuration
