@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -165,7 +164,7 @@ class Cache::Impl {
         MutexLock lock(&writer_mu_);
         stop_ = true;
       }
-      work_cv_.notify_all();
+      work_cv_.SignalAll();
       writer_.join();
     }
     for (auto& st : tiers_)
@@ -280,15 +279,6 @@ class Cache::Impl {
   // their targets.
   void RunJobs(std::vector<WriteJob>& jobs) KVTIER_EXCLUDES(writer_mu_);
   void WriterLoop() KVTIER_EXCLUDES(writer_mu_);
-  // Waits on cv until done(); the caller holds writer_mu_ through `held`.
-  template <typename Done>
-  void WaitLocked(std::condition_variable& cv, MutexLock& held,
-                  Done done) KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-    (void)held;
-    std::unique_lock<std::mutex> ul(writer_mu_.native(), std::adopt_lock);
-    while (!done()) cv.wait(ul);
-    ul.release();  // the MutexLock still owns the mutex
-  }
   bool InWriter() const { return async_ && std::this_thread::get_id() == writer_.get_id(); }
   // Counts failures of a background write in the target tier's stats (never lost silently).
   void CountFailures(TierState& st, std::span<const Status> results);
@@ -296,8 +286,8 @@ class Cache::Impl {
   bool async_ = false;
 
   Mutex writer_mu_;
-  std::condition_variable work_cv_;   // a job was queued, or stopping
-  std::condition_variable space_cv_;  // the queue shrank, or became idle
+  CondVar work_cv_;   // a job was queued, or stopping (waited on under writer_mu_)
+  CondVar space_cv_;  // the queue shrank, or became idle (waited on under writer_mu_)
   std::deque<WriteJob> queue_ KVTIER_GUARDED_BY(writer_mu_);
   size_t queued_blocks_ KVTIER_GUARDED_BY(writer_mu_) = 0;  // queued or being written
   size_t busy_jobs_ KVTIER_GUARDED_BY(writer_mu_) = 0;      // queued or being written

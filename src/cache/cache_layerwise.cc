@@ -25,10 +25,10 @@ class LayerwiseLoad::State {
   std::vector<uint64_t> checksums;  // the tier's whole-block checksum (slice reads)
   std::vector<bool> whole;          // read whole (verified as Load verifies)
 
-  std::mutex mu;
-  std::condition_variable cv;
-  uint32_t layers_done = 0;  // guarded by mu
-  bool finished = false;     // guarded by mu
+  Mutex mu;
+  CondVar cv;  // layers_done or finished changed
+  uint32_t layers_done KVTIER_GUARDED_BY(mu) = 0;
+  bool finished KVTIER_GUARDED_BY(mu) = false;
   std::atomic<bool> cancel{false};
   bool reported = false;
   std::thread thread;
@@ -39,11 +39,11 @@ class LayerwiseLoad::State {
   void ReadLayer(TierState& st, const std::vector<uint32_t>& idx, uint32_t layer);
   void Publish(uint32_t done, bool end) {
     {
-      std::lock_guard<std::mutex> l(mu);
+      MutexLock l(&mu);
       layers_done = done;
       finished = finished || end;
     }
-    cv.notify_all();
+    cv.SignalAll();
   }
 };
 
@@ -100,11 +100,11 @@ void LayerwiseLoad::State::Run() {
     Publish(l + 1, l + 1 == layers);
   }
   if (sliced.empty() || cancel.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lk(mu);
+    MutexLock lk(&mu);
     if (sliced.empty()) layers_done = layers;  // every block came whole
     finished = true;
   }
-  cv.notify_all();
+  cv.SignalAll();
 }
 
 Result<std::unique_ptr<LayerwiseLoad>> Cache::Impl::LoadLayerwise(
@@ -124,6 +124,7 @@ Result<std::unique_ptr<LayerwiseLoad>> Cache::Impl::LoadLayerwise(
   s->checksums.assign(dst.size(), 0);
   s->whole.assign(dst.size(), false);
   if (dst.empty()) {
+    MutexLock l(&s->mu);
     s->layers_done = s->layers;
     s->finished = true;
   } else {
@@ -150,8 +151,11 @@ Status LayerwiseLoad::WaitLayer(uint32_t layer, std::chrono::milliseconds timeou
   if (layer >= s.layers)
     return Status::InvalidArgument("WaitLayer: layer " + std::to_string(layer) + " of a load of " +
                                    std::to_string(s.layers) + " layers");
-  std::unique_lock<std::mutex> l(s.mu);
-  if (!s.cv.wait_for(l, timeout, [&] { return s.layers_done > layer || s.finished; }))
+  const MonotonicClock::time_point deadline = MonotonicNow() + timeout;
+  MutexLock l(&s.mu);
+  while (!(s.layers_done > layer || s.finished))
+    if (!s.cv.WaitUntil(&s.mu, deadline)) break;
+  if (!(s.layers_done > layer || s.finished))
     return Status::Unavailable("layer-wise load: layer " + std::to_string(layer) +
                                " timed out after " + std::to_string(timeout.count()) + " ms");
   if (s.layers_done > layer) return Status::Ok();
@@ -161,14 +165,22 @@ Status LayerwiseLoad::WaitLayer(uint32_t layer, std::chrono::milliseconds timeou
 Result<LoadResult> LayerwiseLoad::Finish(std::chrono::milliseconds timeout) {
   State& s = *state_;
   {
-    std::unique_lock<std::mutex> l(s.mu);
-    if (!s.cv.wait_for(l, timeout, [&] { return s.finished; }))
+    const MonotonicClock::time_point deadline = MonotonicNow() + timeout;
+    MutexLock l(&s.mu);
+    while (!s.finished)
+      if (!s.cv.WaitUntil(&s.mu, deadline)) break;
+    if (!s.finished)
       return Status::Unavailable("layer-wise load timed out after " +
                                  std::to_string(timeout.count()) + " ms");
   }
   if (s.thread.joinable()) s.thread.join();
   if (s.reported) return Status::InvalidArgument("LayerwiseLoad::Finish: already finished");
   s.reported = true;
+  uint32_t layers_done = 0;  // final: the loader thread has ended
+  {
+    MutexLock l(&s.mu);
+    layers_done = s.layers_done;
+  }
   Cache::Impl& c = *s.impl;
   const size_t n = s.keys.size();
   LoadResult r;
@@ -179,9 +191,8 @@ Result<LoadResult> LayerwiseLoad::Finish(std::chrono::milliseconds timeout) {
     // A tier that checks its own reads reported this one; count it as Load does.
     if (st.code() == StatusCode::kCorruption && !ts.cache_verifies)
       ts.corruptions.fetch_add(1, std::memory_order_relaxed);
-    if (st.ok() && !s.whole[i] && s.layers_done < s.layers)
-      st = Status::Unavailable("layer-wise load cancelled at layer " +
-                               std::to_string(s.layers_done));
+    if (st.ok() && !s.whole[i] && layers_done < s.layers)
+      st = Status::Unavailable("layer-wise load cancelled at layer " + std::to_string(layers_done));
     if (st.ok() && c.options_.verify_checksums) {
       // A slice reader hands back its own whole-block checksum; otherwise the index's is used
       // for the tiers whose reads the Cache verifies.

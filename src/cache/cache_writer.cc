@@ -99,19 +99,16 @@ bool Cache::Impl::Enqueue(WriteJob job, bool wait) {
   {
     MutexLock lock(&writer_mu_);
     // A job larger than the whole queue goes in once the queue is empty.
-    auto room = [&]() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-      return queued_blocks_ == 0 || queued_blocks_ + n <= cap;
-    };
-    if (!room()) {
+    if (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap)) {
       if (!wait) return false;
       write_queue_waits_.fetch_add(1, std::memory_order_relaxed);
-      WaitLocked(space_cv_, lock, room);
+      while (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap)) space_cv_.Wait(&writer_mu_);
     }
     queued_blocks_ += n;
     ++busy_jobs_;
     queue_.push_back(std::move(job));
   }
-  work_cv_.notify_one();
+  work_cv_.Signal();
   return true;
 }
 
@@ -128,8 +125,7 @@ void Cache::Impl::WriterLoop() {
     size_t blocks = 0;
     {
       MutexLock lock(&writer_mu_);
-      WaitLocked(work_cv_, lock,
-                 [this]() KVTIER_NO_THREAD_SAFETY_ANALYSIS { return !queue_.empty() || stop_; });
+      while (queue_.empty() && !stop_) work_cv_.Wait(&writer_mu_);
       if (queue_.empty()) return;  // stopping, and drained
       // Everything queued becomes one batch.
       while (!queue_.empty()) {
@@ -145,15 +141,14 @@ void Cache::Impl::WriterLoop() {
       queued_blocks_ -= blocks;
       busy_jobs_ -= njobs;
     }
-    space_cv_.notify_all();
+    space_cv_.SignalAll();
   }
 }
 
 void Cache::Impl::Flush() {
   if (!async_) return;
   MutexLock lock(&writer_mu_);
-  WaitLocked(space_cv_, lock,
-             [this]() KVTIER_NO_THREAD_SAFETY_ANALYSIS { return busy_jobs_ == 0; });
+  while (busy_jobs_ != 0) space_cv_.Wait(&writer_mu_);
 }
 
 }  // namespace kvtier

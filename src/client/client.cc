@@ -173,33 +173,34 @@ class Client::Impl {
     ++generation_;
     connected_ = false;
     ++disconnects_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   void StartReconnector() {
     reconnector_ = std::thread([this] {
-      std::unique_lock<std::mutex> lk(wait_mu_);
-      while (!closing_) {
-        cv_.wait_for(lk, std::chrono::milliseconds(opt_.reconnect_ms));
-        if (closing_) break;
+      for (;;) {
+        {
+          MutexLock lk(&wait_mu_);
+          if (closing_) break;
+          (void)cv_.WaitFor(&wait_mu_, std::chrono::milliseconds(opt_.reconnect_ms));
+          if (closing_) break;
+        }
         if (connected_) continue;
-        lk.unlock();
         auto c = Dial();
         if (c.ok()) {
           Install(std::move(c).value());
           spdlog::info("kvtier client: connected to {}", opt_.socket_path);
         }
-        lk.lock();
       }
     });
   }
 
   void Shutdown() {
     {
-      std::lock_guard<std::mutex> lk(wait_mu_);
+      MutexLock lk(&wait_mu_);
       closing_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (reconnector_.joinable()) reconnector_.join();
     MutexLock lock(&mu_);
     DropLocked();
@@ -266,9 +267,9 @@ class Client::Impl {
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> connects_{0}, disconnects_{0}, timeouts_{0}, missed_lookups_{0},
       dropped_stores_{0}, dropped_blocks_{0}, expired_loads_{0};
-  std::mutex wait_mu_;
-  std::condition_variable cv_;
-  bool closing_ = false;  // under wait_mu_
+  Mutex wait_mu_;  // a leaf: never held with mu_
+  CondVar cv_;     // the connection dropped, or closing (waited on under wait_mu_)
+  bool closing_ KVTIER_GUARDED_BY(wait_mu_) = false;
   std::thread reconnector_;
 };
 
@@ -321,8 +322,8 @@ Status Client::WaitConnected(uint32_t timeout_ms) const {
     if (MonotonicNs() >= deadline)
       return Status::Unavailable("not connected to " + impl_->opt_.socket_path + " after " +
                                  std::to_string(timeout_ms) + " ms");
-    std::unique_lock<std::mutex> lk(impl_->wait_mu_);
-    impl_->cv_.wait_for(lk, std::chrono::milliseconds(5));
+    MutexLock lk(&impl_->wait_mu_);
+    (void)impl_->cv_.WaitFor(&impl_->wait_mu_, std::chrono::milliseconds(5));
   }
   return Status::Ok();
 }

@@ -88,10 +88,10 @@ CopyPool::CopyPool(int threads) : threads_(threads < 1 ? 1 : threads) {
 
 CopyPool::~CopyPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   for (auto& t : workers_) t.join();
 }
 
@@ -100,16 +100,16 @@ void CopyPool::WorkerLoop(int index) {
   for (;;) {
     const std::function<void(int, int)>* task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) start_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
       task = task_;
     }
     (*task)(index, threads_);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      MutexLock lock(&mu_);
+      if (--pending_ == 0) done_cv_.Signal();
     }
   }
 }
@@ -119,17 +119,17 @@ void CopyPool::ParallelFor(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
-  std::lock_guard<std::mutex> run_lock(run_mu_);
+  MutexLock run_lock(&run_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     task_ = &fn;
     pending_ = threads_ - 1;
     ++generation_;
   }
-  start_cv_.notify_all();
+  start_cv_.SignalAll();
   fn(0, threads_);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  MutexLock lock(&mu_);
+  while (pending_ != 0) done_cv_.Wait(&mu_);
   task_ = nullptr;
 }
 

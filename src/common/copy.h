@@ -10,14 +10,14 @@
 #define KVTIER_SRC_COMMON_COPY_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace kvtier {
 
@@ -56,14 +56,14 @@ class CopyPool {
   void WorkerLoop(int index);
 
   const int threads_;
-  std::mutex run_mu_;  // one batch at a time
-  std::mutex mu_;
-  std::condition_variable start_cv_;
-  std::condition_variable done_cv_;
-  uint64_t generation_ = 0;                              // guarded by mu_
-  int pending_ = 0;                                      // guarded by mu_
-  bool stop_ = false;                                    // guarded by mu_
-  const std::function<void(int, int)>* task_ = nullptr;  // guarded by mu_
+  Mutex run_mu_;  // one batch at a time; taken before mu_
+  Mutex mu_;
+  CondVar start_cv_;  // a new generation, or stopping
+  CondVar done_cv_;   // pending_ reached 0
+  uint64_t generation_ KVTIER_GUARDED_BY(mu_) = 0;
+  int pending_ KVTIER_GUARDED_BY(mu_) = 0;
+  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
+  const std::function<void(int, int)>* task_ KVTIER_GUARDED_BY(mu_) = nullptr;
   std::vector<std::thread> workers_;
 };
 

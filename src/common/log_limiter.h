@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "common/clock.h"
+
 namespace kvtier {
 
 class LogLimiter {
@@ -17,9 +19,8 @@ class LogLimiter {
 
   // True for the first call and then at most once every kIntervalS seconds.
   bool Allow() {
-    const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
-                            std::chrono::steady_clock::now().time_since_epoch())
-                            .count();
+    const int64_t now =
+        std::chrono::duration_cast<std::chrono::seconds>(MonotonicNow().time_since_epoch()).count();
     int64_t last = last_s_.load(std::memory_order_relaxed);
     return (last == kNever || now - last >= kIntervalS) &&
            last_s_.compare_exchange_strong(last, now, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 #define KVTIER_RELEASE_SHARED(...) KVTIER_THREAD_ANNOTATION_(release_shared_capability(__VA_ARGS__))
 #define KVTIER_RELEASE_GENERIC(...) \
   KVTIER_THREAD_ANNOTATION_(release_generic_capability(__VA_ARGS__))
+#define KVTIER_TRY_ACQUIRE(...) KVTIER_THREAD_ANNOTATION_(try_acquire_capability(__VA_ARGS__))
 #define KVTIER_EXCLUDES(...) KVTIER_THREAD_ANNOTATION_(locks_excluded(__VA_ARGS__))
 #define KVTIER_NO_THREAD_SAFETY_ANALYSIS KVTIER_THREAD_ANNOTATION_(no_thread_safety_analysis)
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace kvtier {
 namespace {
@@ -14,6 +15,11 @@ Status CheckSizes(const char* op, size_t keys, size_t blocks, size_t results) {
   return Status::Ok();
 }
 }  // namespace
+
+struct Tier::ListenerSlot {
+  Mutex mu;
+  RemovalListener listener KVTIER_GUARDED_BY(mu);
+};
 
 std::string_view TierKindName(TierKind kind) {
   switch (kind) {
@@ -34,7 +40,8 @@ Tier::Tier(std::string name, TierKind kind, const KvLayout& layout, uint64_t cap
       kind_(kind),
       layout_(layout),
       block_bytes_(layout.bytes_per_block() ? layout.bytes_per_block() : 1),
-      capacity_bytes_(capacity_bytes) {}
+      capacity_bytes_(capacity_bytes),
+      listener_(std::make_unique<ListenerSlot>()) {}
 
 Tier::~Tier() = default;
 
@@ -139,15 +146,15 @@ TierStats Tier::stats() const {
 void Tier::CountersImpl(std::vector<TierStats::Counter>*) const {}
 
 void Tier::SetRemovalListener(RemovalListener listener) {
-  std::lock_guard<std::mutex> lock(listener_mu_);
-  listener_ = std::move(listener);
+  MutexLock lock(&listener_->mu);
+  listener_->listener = std::move(listener);
 }
 
 void Tier::NotifyRemoved(std::span<const BlockKey> keys) {
   RemovalListener listener;
   {
-    std::lock_guard<std::mutex> lock(listener_mu_);
-    listener = listener_;
+    MutexLock lock(&listener_->mu);
+    listener = listener_->listener;
   }
   if (listener && !keys.empty()) listener(keys);
 }

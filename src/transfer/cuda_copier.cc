@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/clock.h"
+
 namespace kvtier {
 
 #ifndef KVTIER_HAVE_CUDA
@@ -162,12 +164,12 @@ Status CudaCopier::WaitLayer(CopyDirection dir, uint32_t layer, std::chrono::mil
   Impl::Lane& lane = impl_->lanes[static_cast<int>(dir)];
   if (layer >= lane.posted_layers)
     return Status::InvalidArgument("layer " + std::to_string(layer) + " was not posted");
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = MonotonicNow() + timeout;
   for (;;) {
     cudaError_t err = cudaEventQuery(lane.layer_done[layer]);
     if (err == cudaSuccess) return Status::Ok();
     if (err != cudaErrorNotReady) return CudaError("cudaEventQuery", err);
-    if (std::chrono::steady_clock::now() >= deadline)
+    if (MonotonicNow() >= deadline)
       return Status::Unavailable("layer " + std::to_string(layer) + " copy timed out after " +
                                  std::to_string(timeout.count()) + " ms");
     std::this_thread::yield();

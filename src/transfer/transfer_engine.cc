@@ -6,7 +6,6 @@
 #include "kvtier/transfer.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <string>
 #include <thread>
@@ -31,7 +30,7 @@ struct Transfer {
   TransferEngine::Impl* engine = nullptr;
 
   Mutex mu;
-  std::condition_variable cv;  // a layer or the whole transfer finished, or it was cancelled
+  CondVar cv;  // a layer or the whole transfer finished, or it was cancelled (under mu)
   TransferState state KVTIER_GUARDED_BY(mu) = TransferState::kPrepared;
   std::vector<size_t> layer_left KVTIER_GUARDED_BY(mu);  // copies not done, per layer
   size_t copies_left KVTIER_GUARDED_BY(mu) = 0;
@@ -46,25 +45,7 @@ using transfer_internal::Transfer;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 std::string Ms(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
-
-// Waits on t->cv until done() or the deadline; the caller holds t->mu through `lock`.
-template <typename Done>
-bool WaitOn(Transfer* t, MutexLock& /*held*/, Clock::time_point deadline,
-            Done done) KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-  std::unique_lock<std::mutex> ul(t->mu.native(), std::adopt_lock);
-  bool ok = true;
-  while (!done()) {
-    if (t->cv.wait_until(ul, deadline) == std::cv_status::timeout && !done()) {
-      ok = false;
-      break;
-    }
-  }
-  ul.release();  // the MutexLock still owns the mutex
-  return ok;
-}
 
 }  // namespace
 
@@ -103,15 +84,15 @@ class TransferEngine::Impl {
       MutexLock lock(&mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
-    space_cv_.notify_all();
+    work_cv_.SignalAll();
+    space_cv_.SignalAll();
     for (auto& w : workers_) w.join();
     // Whatever is still queued was never started: mark those transfers cancelled.
     for (auto& item : queue_) Finish(item.t.get(), /*copied=*/false);
   }
 
   Status Post(const std::shared_ptr<Transfer>& t, std::chrono::milliseconds timeout) {
-    const Clock::time_point deadline = Clock::now() + timeout;
+    const MonotonicClock::time_point deadline = MonotonicNow() + timeout;
     {
       MutexLock tl(&t->mu);
       if (t->state != TransferState::kPrepared)
@@ -120,7 +101,7 @@ class TransferEngine::Impl {
     }
     {
       MutexLock lock(&mu_);
-      if (!WaitForSpace(lock, t->bytes, deadline))
+      if (!WaitForSpace(t->bytes, deadline))
         return Status::ResourceExhausted("transfer queue full for " + Ms(timeout) + " (" +
                                          std::to_string(queued_bytes_) + " of " +
                                          std::to_string(options_.queue_bytes) + " bytes queued)");
@@ -133,7 +114,7 @@ class TransferEngine::Impl {
         for (size_t i = 0; i < t->copies.size(); ++i) queue_.push_back({t, i});
       }
     }
-    work_cv_.notify_all();
+    work_cv_.SignalAll();
     return Status::Ok();
   }
 
@@ -158,14 +139,13 @@ class TransferEngine::Impl {
         it = queue_.erase(it);
       }
     }
-    space_cv_.notify_all();
+    space_cv_.SignalAll();
     MutexLock tl(&t->mu);
     for (uint32_t l : dropped_layers) --t->layer_left[l];
     t->copies_left -= dropped_layers.size();
-    WaitOn(t, tl, Clock::time_point::max(),
-           [t]() KVTIER_NO_THREAD_SAFETY_ANALYSIS { return t->in_flight == 0; });
+    while (t->in_flight != 0) t->cv.Wait(&t->mu);
     if (t->state == TransferState::kPosted) t->state = TransferState::kCancelled;
-    t->cv.notify_all();
+    t->cv.SignalAll();
   }
 
   size_t queued_bytes() {
@@ -181,17 +161,15 @@ class TransferEngine::Impl {
     size_t copy;
   };
 
-  bool WaitForSpace(MutexLock& /*held*/, uint64_t bytes,
-                    Clock::time_point deadline) KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-    std::unique_lock<std::mutex> ul(mu_.native(), std::adopt_lock);
+  // Waits until bytes more fit in the queue (or it is empty); false at the deadline or stopping.
+  bool WaitForSpace(uint64_t bytes, MonotonicClock::time_point deadline) KVTIER_REQUIRES(mu_) {
     bool ok = true;
     while (!stop_ && !queue_.empty() && queued_bytes_ + bytes > options_.queue_bytes) {
-      if (space_cv_.wait_until(ul, deadline) == std::cv_status::timeout) {
+      if (!space_cv_.WaitUntil(&mu_, deadline)) {
         ok = stop_ || queue_.empty() || queued_bytes_ + bytes <= options_.queue_bytes;
         break;
       }
     }
-    ul.release();
     return ok && !stop_;
   }
 
@@ -200,11 +178,11 @@ class TransferEngine::Impl {
       Item item;
       {
         MutexLock lock(&mu_);
-        if (!PopLocked(lock, &item)) return;
+        if (!PopLocked(&item)) return;
       }
       Transfer* t = item.t.get();
       const Copy& c = t->copies[item.copy];
-      space_cv_.notify_all();  // PopLocked took c's bytes off the queue
+      space_cv_.SignalAll();  // PopLocked took c's bytes off the queue
       bool run;
       {
         MutexLock tl(&t->mu);
@@ -216,15 +194,13 @@ class TransferEngine::Impl {
       if (run) --t->in_flight;
       --t->layer_left[c.layer];
       if (--t->copies_left == 0 && !t->cancelled) t->state = TransferState::kDone;
-      t->cv.notify_all();
+      t->cv.SignalAll();
     }
   }
 
   // Pops the next item, sleeping while the queue is empty; false once stopping.
-  bool PopLocked(MutexLock& /*held*/, Item* out) KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-    std::unique_lock<std::mutex> ul(mu_.native(), std::adopt_lock);
-    while (queue_.empty() && !stop_) work_cv_.wait(ul);
-    ul.release();
+  bool PopLocked(Item* out) KVTIER_REQUIRES(mu_) {
+    while (queue_.empty() && !stop_) work_cv_.Wait(&mu_);
     if (stop_) return false;
     *out = std::move(queue_.front());
     queue_.pop_front();
@@ -236,13 +212,13 @@ class TransferEngine::Impl {
     MutexLock tl(&t->mu);
     if (t->state == TransferState::kPosted)
       t->state = copied ? TransferState::kDone : TransferState::kCancelled;
-    t->cv.notify_all();
+    t->cv.SignalAll();
   }
 
   const TransferOptions options_;
   Mutex mu_;
-  std::condition_variable work_cv_;   // items queued, or stopping
-  std::condition_variable space_cv_;  // queued bytes went down
+  CondVar work_cv_;   // items queued, or stopping (under mu_)
+  CondVar space_cv_;  // queued bytes went down (under mu_)
   std::deque<Item> queue_ KVTIER_GUARDED_BY(mu_);
   uint64_t queued_bytes_ KVTIER_GUARDED_BY(mu_) = 0;
   bool stop_ KVTIER_GUARDED_BY(mu_) = false;
@@ -275,10 +251,11 @@ Status TransferHandle::Wait(std::chrono::milliseconds timeout) const {
   MutexLock tl(&t->mu);
   if (t->state == TransferState::kPrepared)
     return Status::InvalidArgument("Wait on a transfer that was not posted");
-  const bool done = WaitOn(t, tl, Clock::now() + timeout, [t]() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-    return t->state != TransferState::kPosted;
-  });
-  if (!done) return Status::Unavailable("transfer timed out after " + Ms(timeout));
+  const MonotonicClock::time_point deadline = MonotonicNow() + timeout;
+  while (t->state == TransferState::kPosted)
+    if (!t->cv.WaitUntil(&t->mu, deadline)) break;
+  if (t->state == TransferState::kPosted)
+    return Status::Unavailable("transfer timed out after " + Ms(timeout));
   if (t->state == TransferState::kCancelled) return Status::Unavailable("transfer was cancelled");
   return Status::Ok();
 }
@@ -292,11 +269,10 @@ Status TransferHandle::WaitLayer(uint32_t layer, std::chrono::milliseconds timeo
   MutexLock tl(&t->mu);
   if (t->state == TransferState::kPrepared)
     return Status::InvalidArgument("WaitLayer on a transfer that was not posted");
-  const bool done =
-      WaitOn(t, tl, Clock::now() + timeout, [t, layer]() KVTIER_NO_THREAD_SAFETY_ANALYSIS {
-        return t->layer_left[layer] == 0 || t->cancelled;
-      });
-  if (!done)
+  const MonotonicClock::time_point deadline = MonotonicNow() + timeout;
+  while (!(t->layer_left[layer] == 0 || t->cancelled))
+    if (!t->cv.WaitUntil(&t->mu, deadline)) break;
+  if (!(t->layer_left[layer] == 0 || t->cancelled))
     return Status::Unavailable("layer " + std::to_string(layer) +
                                " of the transfer timed out after " + Ms(timeout));
   if (t->cancelled) return Status::Unavailable("transfer was cancelled");

@@ -22,10 +22,10 @@ DiskStore::DiskStore(const DiskOptions& options, RemovalFn on_removed)
 DiskStore::~DiskStore() {
   if (sync_thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> l(sync_mu_);
+      MutexLock l(&sync_mu_);
       stop_ = true;
     }
-    sync_cv_.notify_all();
+    sync_cv_.SignalAll();
     sync_thread_.join();
   }
   {
@@ -152,16 +152,17 @@ Status DiskStore::Sync() {
 }
 
 void DiskStore::SyncLoop() {
-  std::unique_lock<std::mutex> l(sync_mu_);
-  while (!stop_) {
-    sync_cv_.wait_for(l, std::chrono::milliseconds(options_.sync_interval_ms));
-    if (stop_) break;
-    l.unlock();
+  for (;;) {
+    {
+      MutexLock l(&sync_mu_);
+      if (stop_) break;
+      (void)sync_cv_.WaitFor(&sync_mu_, std::chrono::milliseconds(options_.sync_interval_ms));
+      if (stop_) break;
+    }
     if (durable_seq_.load() < written_seq_.load()) {
       Status st = Sync();
       if (!st.ok()) spdlog::error("disk tier {}: {}", options_.path, st.ToString());
     }
-    l.lock();
   }
 }
 

@@ -15,12 +15,10 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -285,9 +283,9 @@ class DiskStore {
   std::atomic<uint64_t> syncs_{0}, corruptions_{0}, recovered_{0}, evicted_segments_{0},
       evicted_blocks_{0}, reinserted_{0}, space_evictions_{0};
 
-  std::mutex sync_mu_;
-  std::condition_variable sync_cv_;
-  bool stop_ = false;  // guarded by sync_mu_
+  Mutex sync_mu_;    // a leaf: never held with mu_ or write_mu_
+  CondVar sync_cv_;  // stopping (waited on under sync_mu_)
+  bool stop_ KVTIER_GUARDED_BY(sync_mu_) = false;
   std::thread sync_thread_;
 };
 

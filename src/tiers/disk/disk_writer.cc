@@ -19,6 +19,8 @@ namespace kvtier::disk {
 
 namespace {
 
+// Wall-clock time, not the monotonic clock (common/clock.h): the stamp is read back by other
+// processes and after reboots.
 uint64_t NowUnixNs() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "common/clock.h"
 #include "tiers/disk/format.h"
 
 namespace kvtier::disk {
@@ -204,7 +205,7 @@ class UringEngine final : public IoEngine {
     if (!failed_.ok()) return failed_;
     const uint32_t want = std::min(min_complete, outstanding_);
     uint32_t got = 0;
-    auto deadline = std::chrono::steady_clock::now() + stall_timeout_;
+    auto deadline = MonotonicNow() + stall_timeout_;
     for (;;) {
       // Reap what is there without blocking.
       io_uring_cqe* cqe = nullptr;
@@ -216,7 +217,7 @@ class UringEngine final : public IoEngine {
         ++got;
         progress = true;
       }
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = MonotonicNow();
       if (progress) deadline = now + stall_timeout_;
       if (got >= want && io_uring_sq_ready(&ring_) == 0) return Status::Ok();
       if (now >= deadline) {

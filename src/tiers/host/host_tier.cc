@@ -13,6 +13,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "common/clock.h"
+
 namespace kvtier {
 namespace {
 constexpr uint32_t kNoSlot = UINT32_MAX;
@@ -119,7 +121,7 @@ HostTier::~HostTier() {
 }
 
 void HostTier::Prefault(bool huge_pages) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t t0 = MonotonicNs();
 #ifdef MADV_HUGEPAGE
   if (huge_pages) madvise(arena_, arena_bytes_, MADV_HUGEPAGE);
 #endif
@@ -130,7 +132,7 @@ void HostTier::Prefault(bool huge_pages) {
     volatile std::byte* base = arena_;
     for (size_t pg = begin; pg < end; ++pg) base[pg * page] = std::byte{0};
   });
-  prefault_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  prefault_s_ = static_cast<double>(MonotonicNs() - t0) * 1e-9;
 }
 
 void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,

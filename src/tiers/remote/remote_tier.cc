@@ -85,8 +85,8 @@ uint64_t RemoteTier::UsedBytesImpl() const {
   if (now - usage_at_ns_.load(std::memory_order_relaxed) < kUsageIntervalNs) {
     return used_bytes_.load(std::memory_order_relaxed);
   }
-  std::unique_lock<std::mutex> lock(usage_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return used_bytes_.load(std::memory_order_relaxed);
+  if (!usage_mu_.TryLock()) return used_bytes_.load(std::memory_order_relaxed);
+  MutexLock lock(&usage_mu_, std::adopt_lock);
   usage_at_ns_.store(now, std::memory_order_relaxed);
   std::vector<Node*> nodes;
   {

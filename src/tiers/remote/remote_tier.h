@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -133,7 +132,7 @@ class RemoteTier final : public Tier {
   RemoteTier(RemoteTierOptions options, RedisUrl url);
 
   Status Discover(int64_t deadline_ns);
-  Status RefreshTopologyLocked(int64_t deadline_ns);
+  Status RefreshTopologyLocked(int64_t deadline_ns) KVTIER_REQUIRES(refresh_mu_);
   void InstallSlots(const std::vector<SlotRange>& ranges);
   void MaybeRefresh(int64_t deadline_ns);
   uint16_t InternNodeLocked(const NodeAddress& address) KVTIER_REQUIRES(topo_mu_);
@@ -185,9 +184,9 @@ class RemoteTier final : public Tier {
   std::array<uint16_t, kClusterSlots> slot_node_ KVTIER_GUARDED_BY(topo_mu_);
   std::atomic<bool> stale_{false};
   std::atomic<int64_t> last_refresh_ns_{0};
-  std::mutex refresh_mu_;  // one refresh at a time
+  Mutex refresh_mu_;  // one refresh (or discovery) at a time; taken before topo_mu_
 
-  mutable std::mutex usage_mu_;
+  mutable Mutex usage_mu_;  // one INFO round at a time; the others use the last answer
   mutable std::atomic<uint64_t> used_bytes_{0};
   mutable std::atomic<int64_t> usage_at_ns_{0};
 

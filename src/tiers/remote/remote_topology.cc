@@ -60,7 +60,7 @@ bool RemoteTier::is_cluster() const {
 }
 
 Status RemoteTier::Discover(int64_t deadline_ns) {
-  std::lock_guard<std::mutex> refresh(refresh_mu_);
+  MutexLock refresh(&refresh_mu_);
   {
     MutexLock lock(&topo_mu_);
     if (discovered_) return Status::Ok();
@@ -141,7 +141,7 @@ Status RemoteTier::RefreshTopology() {
   }
   if (!discovered) return Discover(deadline);
   if (!cluster) return Status::Ok();
-  std::lock_guard<std::mutex> refresh(refresh_mu_);
+  MutexLock refresh(&refresh_mu_);
   return RefreshTopologyLocked(deadline);
 }
 
@@ -158,8 +158,8 @@ void RemoteTier::MaybeRefresh(int64_t deadline_ns) {
   if (!stale_.load(std::memory_order_relaxed)) return;
   int64_t now = SteadyNowNs();
   if (now - last_refresh_ns_.load(std::memory_order_relaxed) < kRefreshIntervalNs) return;
-  std::unique_lock<std::mutex> refresh(refresh_mu_, std::try_to_lock);
-  if (!refresh.owns_lock()) return;  // another call is refreshing; route with what we have
+  if (!refresh_mu_.TryLock()) return;  // another call is refreshing; route with what we have
+  MutexLock refresh(&refresh_mu_, std::adopt_lock);
   (void)RefreshTopologyLocked(deadline_ns);
 }
 
