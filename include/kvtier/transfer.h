@@ -55,15 +55,13 @@ struct TransferOptions {
   Status Validate() const;
 };
 
-namespace transfer_internal {
-struct Transfer;
-}
-
 class TransferEngine;
 
 // Move-only; an empty handle (default-constructed or moved from) is not valid().
 class TransferHandle {
  public:
+  struct State;  // the transfer's copies and progress, shared with the engine's workers
+
   TransferHandle() = default;
   TransferHandle(TransferHandle&& other) noexcept;
   TransferHandle& operator=(TransferHandle&& other) noexcept;
@@ -93,7 +91,7 @@ class TransferHandle {
 
  private:
   friend class TransferEngine;
-  std::shared_ptr<transfer_internal::Transfer> t_;
+  std::shared_ptr<State> t_;
 };
 
 class TransferEngine {

@@ -1,8 +1,8 @@
 // The transfer engine: a bounded FIFO of copy chunks drained by worker threads.
 //
-// Lock order: a worker takes Impl::mu_ (to pop) and then, after dropping it, Transfer::mu (to
-// start or finish a chunk); nothing holds both. Waiters sleep on their transfer's cv; Post
-// sleeps on the engine's space_cv_.
+// Lock order: a worker takes Impl::mu_ (to pop) and then, after dropping it, the transfer's own
+// TransferHandle::State::mu (to start or finish a chunk); nothing holds both. Waiters sleep on
+// their transfer's cv; Post sleeps on the engine's space_cv_.
 #include "kvtier/transfer.h"
 
 #include <algorithm>
@@ -14,16 +14,15 @@
 #include "common/mutex.h"
 
 namespace kvtier {
-namespace transfer_internal {
 
-struct Copy {
-  const std::byte* src;
-  std::byte* dst;
-  size_t bytes;
-  uint32_t layer;
-};
+struct TransferHandle::State {
+  struct Copy {
+    const std::byte* src;
+    std::byte* dst;
+    size_t bytes;
+    uint32_t layer;
+  };
 
-struct Transfer {
   std::vector<Copy> copies;
   uint32_t num_layers = 1;
   uint64_t bytes = 0;
@@ -38,10 +37,8 @@ struct Transfer {
   bool cancelled KVTIER_GUARDED_BY(mu) = false;
 };
 
-}  // namespace transfer_internal
-
-using transfer_internal::Copy;
-using transfer_internal::Transfer;
+using Transfer = TransferHandle::State;
+using Copy = TransferHandle::State::Copy;
 
 namespace {
 
