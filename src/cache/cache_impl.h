@@ -239,6 +239,21 @@ class Cache::Impl {
     uint64_t change;
   };
 
+  // StoreKeys' steps. InvalidArgument unless keys and blocks pair up, each a block long.
+  Status CheckStore(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks) const;
+  // The blocks as one batch: checksums (when a tier needs the Cache's), chain positions, the
+  // prefix length admission judges, the request's session.
+  BlockBatch StoreBatch(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
+                        uint32_t first_block, const RequestOptions& request) const;
+  // Writes b into tiers [0, last_sync] in the caller's thread: marks the blocks some tier took
+  // in *ok_anywhere and keeps each other block's first failure; then emits the events and
+  // dispatches the write-back jobs that came out of it.
+  void StoreInCaller(const BlockBatch& b, int last_sync, std::vector<uint8_t>* ok_anywhere,
+                     std::vector<Status>* first_failure) KVTIER_EXCLUDES(writer_mu_);
+  // Queues b's blocks that some tier below `top` lacks for the background writer, read from
+  // tier top (pinned until written) or staged from b's buffers; marks them in *ok_anywhere.
+  void QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>* ok_anywhere)
+      KVTIER_EXCLUDES(writer_mu_);
   // Writes b's blocks into tier st under its policy. Fills per-block results (OK when resident
   // after the call, whether copied or already there) and counts copies in *stored. Write-back
   // victims of st, and blocks that did not fit in it, come back in *down for the tier below.

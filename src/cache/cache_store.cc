@@ -212,10 +212,8 @@ void Cache::Impl::CountFailures(TierState& st, std::span<const Status> results) 
   if (failed) st.write_failures.fetch_add(failed, std::memory_order_relaxed);
 }
 
-Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
-                                           std::span<const ConstBlock> blocks, uint32_t first_block,
-                                           const RequestOptions& request) {
-  const uint64_t t0 = MonotonicNs();
+Status Cache::Impl::CheckStore(std::span<const BlockKey> keys,
+                               std::span<const ConstBlock> blocks) const {
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   if (keys.size() != blocks.size())
     return Status::InvalidArgument("Store: " + std::to_string(keys.size()) + " keys but " +
@@ -225,8 +223,12 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
       return Status::InvalidArgument("Store: block " + std::to_string(i) + " has " +
                                      std::to_string(blocks[i].size()) + " bytes, the layout's " +
                                      "block has " + std::to_string(block_bytes));
-  StoreResult r;
-  if (keys.empty()) return r;
+  return Status::Ok();
+}
+
+BlockBatch Cache::Impl::StoreBatch(std::span<const BlockKey> keys,
+                                   std::span<const ConstBlock> blocks, uint32_t first_block,
+                                   const RequestOptions& request) const {
   const size_t n = keys.size();
   std::vector<uint64_t> checksums(n, 0);
   if (options_.verify_checksums && verify_any_)
@@ -237,78 +239,98 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
   for (size_t i = 0; i < n; ++i)
     b.Add(keys[i], blocks[i], checksums[i], first_block + static_cast<uint32_t>(i), prefix_tokens,
           request.session_id);
+  return b;
+}
 
-  std::vector<uint8_t> ok_anywhere(n, 0), present(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    IndexEntry e;
-    present[i] = index_.Get(keys[i], &e) && e.tiers != 0;
-  }
-  std::vector<Status> results(n), first_failure(n);
+void Cache::Impl::StoreInCaller(const BlockBatch& b, int last_sync,
+                                std::vector<uint8_t>* ok_anywhere,
+                                std::vector<Status>* first_failure) {
+  const size_t n = b.size();
+  std::vector<Status> results(n);
   std::vector<PendingEvent> events;
   std::vector<WriteJob> down;
-  const bool write_back = options_.write_mode == WriteMode::kWriteBack;
-  // Asynchronous write-through: the caller writes the first tier only.
-  const int last_sync = write_back || async_ ? 0 : static_cast<int>(tiers_.size()) - 1;
   for (int t = 0; t <= last_sync; ++t) {
     uint32_t stored = 0;
     StoreToTier(*tiers_[t], b, results, &stored, &events, &down);
     for (size_t i = 0; i < n; ++i) {
       if (results[i].ok())
-        ok_anywhere[i] = 1;
-      else if (first_failure[i].ok())
-        first_failure[i] = results[i];
+        (*ok_anywhere)[i] = 1;
+      else if ((*first_failure)[i].ok())
+        (*first_failure)[i] = results[i];
     }
   }
   EmitAll(events);
   Dispatch(std::move(down));
+}
 
-  if (!write_back && last_sync + 1 < static_cast<int>(tiers_.size())) {
-    // The rest goes down in the background, from the top tier's copy (pinned there until
-    // written) or, for a block the top tier did not take, from a staged copy.
-    const int top = last_sync;
-    const TierMask top_bit = TierMask{1} << top;
-    TierMask lower = 0;
-    for (size_t t = top + 1; t < tiers_.size(); ++t) lower |= TierMask{1} << t;
-    WriteJob job;
-    std::vector<uint32_t> idx;
-    for (uint32_t i = 0; i < n; ++i) {
-      IndexEntry e;
-      if (index_.Get(keys[i], &e) && (e.tiers & lower) == lower) {
-        ok_anywhere[i] = 1;  // every lower tier has it already
-        continue;
-      }
-      idx.push_back(i);
-      job.batch.Add(keys[i], ConstBlock(), checksums[i], b.positions[i], prefix_tokens,
-                    request.session_id);
+void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>* ok_anywhere) {
+  // The rest goes down in the background, from the top tier's copy (pinned there until
+  // written) or, for a block the top tier did not take, from a staged copy.
+  const uint64_t block_bytes = options_.layout.bytes_per_block();
+  const TierMask top_bit = TierMask{1} << top;
+  TierMask lower = 0;
+  for (size_t t = top + 1; t < tiers_.size(); ++t) lower |= TierMask{1} << t;
+  WriteJob job;
+  std::vector<uint32_t> idx;
+  for (uint32_t i = 0; i < b.size(); ++i) {
+    IndexEntry e;
+    if (index_.Get(b.keys[i], &e) && (e.tiers & lower) == lower) {
+      (*ok_anywhere)[i] = 1;  // every lower tier has it already
+      continue;
     }
-    if (!idx.empty()) {
-      job.pins = index_.Pin(job.batch.keys);
-      size_t staged = 0;
-      std::vector<int8_t> from(idx.size(), -1);
-      for (size_t j = 0; j < idx.size(); ++j) {
-        IndexEntry e;
-        // Pinned now; a block evicted before the pin is staged from the caller's buffer.
-        if (index_.Get(keys[idx[j]], &e) && (e.tiers & top_bit))
-          from[j] = static_cast<int8_t>(top);
-        else
-          ++staged;
-      }
-      if (staged > 0) {
-        job.Stage(idx.size(), block_bytes);
-        for (size_t j = 0; j < idx.size(); ++j) {
-          if (from[j] >= 0 || blocks[idx[j]].empty()) continue;
-          std::memcpy(job.Slot(j, block_bytes), blocks[idx[j]].data(), block_bytes);
-          job.batch.blocks[j] = ConstBlock(job.Slot(j, block_bytes), block_bytes);
-        }
-      }
-      job.from = std::move(from);
-      job.batch.now_s = b.now_s;
-      job.first_target = top + 1;
-      job.last_target = static_cast<int>(tiers_.size()) - 1;
-      for (uint32_t i : idx) ok_anywhere[i] = 1;  // queued: a failure below shows in stats
-      Enqueue(std::move(job), /*wait=*/true);
+    idx.push_back(i);
+    job.batch.Add(b.keys[i], ConstBlock(), b.checksums[i], b.positions[i], b.prefix_tokens[i],
+                  b.sessions[i]);
+  }
+  if (idx.empty()) return;
+  job.pins = index_.Pin(job.batch.keys);
+  size_t staged = 0;
+  std::vector<int8_t> from(idx.size(), -1);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    IndexEntry e;
+    // Pinned now; a block evicted before the pin is staged from the caller's buffer.
+    if (index_.Get(b.keys[idx[j]], &e) && (e.tiers & top_bit))
+      from[j] = static_cast<int8_t>(top);
+    else
+      ++staged;
+  }
+  if (staged > 0) {
+    job.Stage(idx.size(), block_bytes);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      if (from[j] >= 0 || b.blocks[idx[j]].empty()) continue;
+      std::memcpy(job.Slot(j, block_bytes), b.blocks[idx[j]].data(), block_bytes);
+      job.batch.blocks[j] = ConstBlock(job.Slot(j, block_bytes), block_bytes);
     }
   }
+  job.from = std::move(from);
+  job.batch.now_s = b.now_s;
+  job.first_target = top + 1;
+  job.last_target = static_cast<int>(tiers_.size()) - 1;
+  for (uint32_t i : idx) (*ok_anywhere)[i] = 1;  // queued: a failure below shows in stats
+  Enqueue(std::move(job), /*wait=*/true);
+}
+
+Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
+                                           std::span<const ConstBlock> blocks, uint32_t first_block,
+                                           const RequestOptions& request) {
+  const uint64_t t0 = MonotonicNs();
+  KVTIER_RETURN_IF_ERROR(CheckStore(keys, blocks));
+  StoreResult r;
+  if (keys.empty()) return r;
+  const size_t n = keys.size();
+  const BlockBatch b = StoreBatch(keys, blocks, first_block, request);
+  std::vector<uint8_t> ok_anywhere(n, 0), present(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    IndexEntry e;
+    present[i] = index_.Get(keys[i], &e) && e.tiers != 0;
+  }
+  std::vector<Status> first_failure(n);
+  const bool write_back = options_.write_mode == WriteMode::kWriteBack;
+  // Asynchronous write-through: the caller writes the first tier only.
+  const int last_sync = write_back || async_ ? 0 : static_cast<int>(tiers_.size()) - 1;
+  StoreInCaller(b, last_sync, &ok_anywhere, &first_failure);
+  if (!write_back && last_sync + 1 < static_cast<int>(tiers_.size()))
+    QueueBelow(b, last_sync, &ok_anywhere);
 
   for (size_t i = 0; i < n; ++i) {
     if (!ok_anywhere[i]) {
