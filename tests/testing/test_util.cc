@@ -9,6 +9,14 @@
 
 namespace kvtier::testing {
 
+BlockKey Key(uint64_t n, uint64_t set) {
+  // SplitMix64's finaliser of a value injective in `set` for a fixed n.
+  uint64_t x = (set + 1) * 0x9e3779b97f4a7c15ULL ^ n;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return BlockKey{x ^ (x >> 31), n};
+}
+
 KvLayout SmallLayout(uint32_t block_tokens) {
   KvLayout l;
   l.num_layers = 2;
@@ -16,6 +24,16 @@ KvLayout SmallLayout(uint32_t block_tokens) {
   l.head_dim = 8;
   l.dtype = DType::kFp32;
   l.block_tokens = block_tokens;
+  return l;
+}
+
+KvLayout Layout16KiB() {
+  KvLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.dtype = DType::kBf16;
+  l.block_tokens = 16;
   return l;
 }
 

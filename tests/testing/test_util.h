@@ -10,14 +10,22 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/block_key.h"
 #include "kvtier/cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/tier.h"
 
 namespace kvtier::testing {
 
+// Key n of key set `set`: distinct (n, set) pairs give distinct keys; key.lo is n, and key.hi
+// is mixed, so keys spread over hash buckets, index shards and cluster slots.
+BlockKey Key(uint64_t n, uint64_t set = 0);
+
 // A small layout (2 layers x 2 heads x 8 dims fp32, 4 tokens/block = 512 B/block).
 KvLayout SmallLayout(uint32_t block_tokens = 4);
+// A block the size of a real one's page (2 layers x 2 heads x 64 dims bf16, 16 tokens/block =
+// 16 KiB/block).
+KvLayout Layout16KiB();
 // A host tier of `blocks` blocks of SmallLayout().
 TierSpec HostSpec(uint64_t blocks, std::string name = "host");
 // The spec of a tier built by the test.

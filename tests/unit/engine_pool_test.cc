@@ -5,12 +5,13 @@
 
 #include "engine/config.h"
 #include "engine/kv_pool.h"
+#include "testing/test_util.h"
 
 namespace kvtier::engine {
 namespace {
 
 KvLayout TinyLayout() { return ModelPreset("tiny").value().Layout(16); }
-BlockKey Key(uint64_t i) { return BlockKey{i, i * 31 + 7}; }
+using ::kvtier::testing::Key;
 
 TEST(EnginePool, BlocksAreDisjointAndLaidOutPerLayer) {
   auto pool = KvPool::Create(TinyLayout(), 2).value();

@@ -22,11 +22,11 @@
 namespace kvtier {
 namespace {
 
+using testing::Key;
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisServer;
 using testing::SmallLayout;
-using testing::SpreadKey;
 
 constexpr uint32_t kBlocks = 12;
 constexpr const char* kChildUrlEnv = "KVTIER_REMOTE_CHILD_URL";
