@@ -1,5 +1,6 @@
 #include "testing/test_util.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -49,6 +50,29 @@ TierSpec InstanceSpec(std::shared_ptr<Tier> tier) {
   TierSpec t;
   t.instance = std::move(tier);
   return t;
+}
+
+std::unique_ptr<Cache> OpenSmallCache(std::vector<TierSpec> tiers, WriteMode mode,
+                                      KvEventCallback cb, uint32_t queue_blocks) {
+  CacheOptions o;
+  o.layout = SmallLayout();
+  o.tiers = std::move(tiers);
+  o.write_mode = mode;
+  o.on_event = std::move(cb);
+  o.write_queue_blocks = queue_blocks;
+  auto c = Cache::Open(std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+StoredRequest::StoredRequest(const Cache& c, size_t blocks, TokenId seed)
+    : tokens(Tokens(blocks * c.layout().block_tokens, seed)) {
+  HashPrefix(c.Root(), c.layout().block_tokens, tokens, &keys);
+  for (size_t i = 0; i < blocks; ++i) {
+    data.emplace_back(c.layout().bytes_per_block());
+    FillBlock(data.back(), keys[i].lo);
+  }
+  for (auto& d : data) views.emplace_back(d);
 }
 
 void FillBlock(std::span<std::byte> block, uint64_t seed) {

@@ -38,6 +38,20 @@ std::vector<std::byte> MakeBlock(size_t bytes, uint64_t seed);
 // Tokens 0..n-1 offset by `base`, so different bases give different prefixes.
 std::vector<TokenId> Tokens(size_t n, uint32_t base = 0);
 
+// A Cache of SmallLayout() blocks over `tiers`; a failed open fails the test (and returns null).
+std::unique_ptr<Cache> OpenSmallCache(std::vector<TierSpec> tiers, WriteMode mode,
+                                      KvEventCallback cb = nullptr, uint32_t queue_blocks = 256);
+
+// A request of `blocks` full SmallLayout() blocks: tokens from `seed`, their keys under the
+// Cache's root, and block contents that are a function of their key (FillBlock of key.lo).
+struct StoredRequest {
+  std::vector<TokenId> tokens;
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ConstBlock> views;
+  StoredRequest(const Cache& c, size_t blocks, TokenId seed);
+};
+
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
 class TempDir {
  public:
