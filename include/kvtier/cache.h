@@ -144,9 +144,9 @@ class Cache final : public KvCache {
   Result<std::unique_ptr<LayerwiseLoad>> LoadLayerwise(const LookupResult& lookup, uint32_t first,
                                                        std::span<const MutableBlock> dst);
 
-  // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
-  // more blocks than full blocks in tokens, or a buffer has the wrong size. With asynchronous
-  // writes, stored_blocks counts blocks the first tier took or the writer queued
+  // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when
+  // first_block + blocks.size() passes the full blocks of tokens, or a buffer has the wrong size.
+  // With asynchronous writes, stored_blocks counts blocks the first tier took or the writer queued
   // (their later failures count in write_failures); the buffers may be reused on return.
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
                             uint32_t first_block = 0, const RequestOptions& request = {}) override;

@@ -1,4 +1,5 @@
-// Lock-free latency histogram and counters, and the Prometheus text rendering of cache stats.
+// Lock-free latency histogram. (Cache::PrometheusText renders a Cache's stats, histograms
+// included.)
 //
 // Thread-safety: Histogram::Record and the accessors may be called from any thread; a snapshot
 // taken while others record is approximate (each bucket is read atomically, not all at once).
@@ -12,8 +13,10 @@
 
 namespace kvtier {
 
-// Log-linear buckets over nanoseconds: 4 sub-buckets per power of two, 1 ns .. ~9 s
-// (values above land in the last bucket). Relative error of a percentile <= 19%.
+// Log-linear buckets over nanoseconds: 0..3 ns exact, then 4 sub-buckets per power of two up
+// to 2^35 - 1 ns (~34 s); the last bucket also takes every value from 7 * 2^32 ns (~30 s) up
+// and reads as 2^35 - 1. A percentile is its bucket's upper bound (capped at the max seen):
+// below ~30 s at most 25% above the exact value.
 class Histogram {
  public:
   static constexpr int kSubBuckets = 4;

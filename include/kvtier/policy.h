@@ -1,9 +1,10 @@
 // Eviction and admission policies.
 //
 // An EvictionPolicy orders the blocks resident in one tier and names the next victim. It only
-// tracks keys; the Cache (or the simulator) owns the bytes and the index. Policies see every
-// resident key: OnInsert once when it becomes resident, OnAccess on each hit, OnErase when it
-// leaves other than through PickVictim.
+// tracks keys; the Cache (or the simulator) owns the bytes and the index. A policy sees every
+// key resident in its tier: OnInsert once when it becomes resident, OnAccess on each hit,
+// OnErase when it leaves other than through PickVictim. Only tiers the Cache manages have one;
+// self-managed tiers (disk, remote) evict by themselves.
 //
 // Chains: a block helps only while all blocks before it are resident, so callers touch a
 // request's blocks last-to-first (the head is then the most recent) and the tail goes first.
@@ -65,7 +66,8 @@ class EvictionPolicy {
   virtual void OnSessionEvent(uint64_t /*session_id*/, SessionEvent /*event*/, double /*now_s*/) {}
 };
 
-// "lru", "s3fifo", "arc". capacity_blocks sizes the ghost lists of S3-FIFO and ARC.
+// "lru", "s3fifo", "arc", "session" (session_aware.h). capacity_blocks sizes the ghost lists
+// of S3-FIFO and ARC.
 // InvalidArgument names the unknown policy and lists the known ones.
 Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name,
                                                            uint64_t capacity_blocks);

@@ -1,11 +1,14 @@
 // Bulk copies for KV blocks, and a small pool that splits a batch of copies over threads.
 //
-// CopyBlock uses non-temporal (streaming) stores for large copies: a block written to a tier is
-// not read again soon, so bypassing the cache avoids the read-for-ownership of every destination
-// line (measured +40-90% over memcpy for 256 KiB-8 MiB copies on this machine).
+// CopyBlock uses non-temporal (streaming) stores for copies of 64 KiB or more (on x86 with
+// SSE2; plain memcpy otherwise): a block written to a tier is not read again soon, so bypassing
+// the cache avoids the read-for-ownership of every destination line (measured +40-90% over
+// memcpy for 256 KiB-8 MiB copies on this machine).
 //
-// Thread-safety: CopyBlock is reentrant. CopyPool::Run may be called from several threads; calls
-// are serialised on the pool (one batch at a time), the caller's thread works too.
+// Thread-safety: CopyBlock is reentrant. CopyPool::Run and ParallelFor may be called from
+// several threads: work handed to the workers is serialised on the pool (one batch at a time)
+// and the caller's thread works too; a batch the caller copies alone (under min_parallel_bytes,
+// or a pool of one thread) runs at once.
 #ifndef KVTIER_SRC_COMMON_COPY_H_
 #define KVTIER_SRC_COMMON_COPY_H_
 
@@ -45,7 +48,8 @@ class CopyPool {
 
   int threads() const { return threads_; }
 
-  // Runs all jobs, split by bytes across the threads; returns when every byte is copied.
+  // Runs all jobs, split by bytes across the threads at 4 KiB boundaries of their
+  // concatenation; returns when every byte is copied.
   // Batches under min_parallel_bytes run on the caller alone.
   void Run(std::span<const CopyJob> jobs, size_t min_parallel_bytes = size_t{1} << 20);
 

@@ -1,4 +1,4 @@
-// BlockIndex: key -> where the block is resident, its size, pins and checksum.
+// BlockIndex: key -> the tiers where the block is resident, its pins and its checksum.
 //
 // Sharded open-addressing tables, one shared_mutex per shard. Match() reads a whole chain under
 // shared locks taken once per chunk, so a 1M-token prefix is matched in tens of microseconds;
@@ -85,8 +85,10 @@ class BlockIndex {
   // Copy of the entry, or false when absent.
   bool Get(const BlockKey& key, IndexEntry* entry) const;
   bool IsPinned(const BlockKey& key) const;
-  // Clears tier from key's mask unless the key is pinned. The eviction primitive: check and
-  // removal are atomic. Returns the change's number; 0 (nothing changed) when pinned or absent.
+  // Clears tier from key's mask unless the key is pinned; drops the entry when no tier remains.
+  // The eviction primitive: check and removal are atomic. Returns 0 when the key is pinned or
+  // has no entry; otherwise a new change number, even when the key was not resident in that
+  // tier (then nothing changed; RemoveTier returns 0 there).
   uint64_t TryRemoveUnpinned(const BlockKey& key, int tier);
 
   // Longest resident prefixes of chain, per tier and overall, with the per-block masks.

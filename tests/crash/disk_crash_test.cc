@@ -29,9 +29,7 @@ namespace kvtier::disk {
 namespace {
 
 constexpr uint64_t kBlock = 12 * 1024;
-constexpr uint64_t kKeyTag = 0xc2a5e0ULL;
-
-BlockKey KeyOf(uint64_t id) { return BlockKey{id, kKeyTag}; }
+constexpr uint64_t kKeySet = 0xc2a5e0ULL;  // a key outside the set is a foreign key
 
 std::vector<std::byte> PayloadOf(uint64_t id) {
   std::vector<std::byte> out(kBlock);
@@ -92,7 +90,7 @@ void Log(int fd, char what, uint64_t id) {
     std::vector<std::vector<std::byte>> data;
     std::vector<std::span<const std::byte>> blocks;
     for (uint64_t id : ids) {
-      keys.push_back(KeyOf(id));
+      keys.push_back(testing::Key(id, kKeySet));
       data.push_back(PayloadOf(id));
     }
     for (auto& d : data) blocks.emplace_back(d);
@@ -108,12 +106,12 @@ void Log(int fd, char what, uint64_t id) {
     if (batch % 11 == 10 && !mine.empty()) {
       const uint64_t victim = mine[rng() % mine.size()];
       Log(log, 'E', victim);  // before the erase: the checker no longer insists on it
-      const BlockKey k[1] = {KeyOf(victim)};
+      const BlockKey k[1] = {testing::Key(victim, kKeySet)};
       if (!store.Erase(k).ok()) _exit(6);
     }
     std::vector<uint64_t> still;
     for (uint64_t id : pending) {
-      if (store.IsDurable(KeyOf(id))) {
+      if (store.IsDurable(testing::Key(id, kKeySet))) {
         Log(log, 'D', id);
       } else {
         still.push_back(id);
@@ -155,11 +153,11 @@ CheckResult Check(const std::string& dir, const std::string& log_path) {
     store.Get({&key, 1}, {&out, 1}, {&st, 1});
     if (st.ok()) {
       ++r.served;
-      if (key.lo != kKeyTag || buf != PayloadOf(key.hi)) {
+      if (key != testing::Key(key.lo, kKeySet) || buf != PayloadOf(key.lo)) {
         ++r.corrupt_served;
         ADD_FAILURE() << "served wrong bytes for key " << key.ToHex();
       } else {
-        present.insert(key.hi);
+        present.insert(key.lo);
       }
     } else if (st.code() == StatusCode::kCorruption) {
       ++r.corruption_misses;

@@ -11,8 +11,6 @@
 
 namespace kvtier::disk {
 
-BlockKey Key(uint64_t n) { return BlockKey{n * 0x9e3779b97f4a7c15ULL + 1, n}; }
-
 std::vector<std::byte> Payload(uint64_t n, uint64_t v, uint64_t bytes) {
   std::vector<std::byte> out(bytes);
   uint64_t x = n * 0x2545f4914f6cdd1dULL + v * 0x9e3779b97f4a7c15ULL + 7;

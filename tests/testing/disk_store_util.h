@@ -23,7 +23,7 @@ namespace kvtier::disk {
 inline constexpr uint64_t kBlock = 16 * 1024 + 512;  // not page-aligned on purpose
 inline constexpr uint64_t kFingerprint = 0x5eed5eed12345678ULL;
 
-BlockKey Key(uint64_t n);
+using ::kvtier::testing::Key;
 
 // Deterministic block contents for (key n, version v).
 std::vector<std::byte> Payload(uint64_t n, uint64_t v = 0, uint64_t bytes = kBlock);

@@ -24,10 +24,6 @@
 
 namespace kvtier::testing {
 
-BlockKey SpreadKey(uint64_t i, uint64_t salt) {
-  return BlockKey{0x9e3779b97f4a7c15ull * (i + 1) ^ (salt << 32), i * 31 + salt + 7};
-}
-
 std::vector<std::byte> BlockBytes(const BlockKey& key, size_t bytes) {
   std::mt19937_64 rng(key.hi ^ (key.lo << 1));
   std::vector<std::byte> v(bytes);

@@ -24,8 +24,6 @@
 
 namespace kvtier::testing {
 
-// Key i of a key set: distinct salts give disjoint sets spread over every cluster slot.
-BlockKey SpreadKey(uint64_t i, uint64_t salt = 0);
 // A block's bytes derived from its key, so a block served under the wrong key shows.
 std::vector<std::byte> BlockBytes(const BlockKey& key, size_t bytes);
 

@@ -1,5 +1,6 @@
 #include "testing/test_util.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,6 +10,14 @@
 
 namespace kvtier::testing {
 
+BlockKey Key(uint64_t n, uint64_t set) {
+  // SplitMix64's finaliser of a value injective in `set` for a fixed n.
+  uint64_t x = (set + 1) * 0x9e3779b97f4a7c15ULL ^ n;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return BlockKey{x ^ (x >> 31), n};
+}
+
 KvLayout SmallLayout(uint32_t block_tokens) {
   KvLayout l;
   l.num_layers = 2;
@@ -16,6 +25,16 @@ KvLayout SmallLayout(uint32_t block_tokens) {
   l.head_dim = 8;
   l.dtype = DType::kFp32;
   l.block_tokens = block_tokens;
+  return l;
+}
+
+KvLayout Layout16KiB() {
+  KvLayout l;
+  l.num_layers = 2;
+  l.num_kv_heads = 2;
+  l.head_dim = 64;
+  l.dtype = DType::kBf16;
+  l.block_tokens = 16;
   return l;
 }
 
@@ -31,6 +50,29 @@ TierSpec InstanceSpec(std::shared_ptr<Tier> tier) {
   TierSpec t;
   t.instance = std::move(tier);
   return t;
+}
+
+std::unique_ptr<Cache> OpenSmallCache(std::vector<TierSpec> tiers, WriteMode mode,
+                                      KvEventCallback cb, uint32_t queue_blocks) {
+  CacheOptions o;
+  o.layout = SmallLayout();
+  o.tiers = std::move(tiers);
+  o.write_mode = mode;
+  o.on_event = std::move(cb);
+  o.write_queue_blocks = queue_blocks;
+  auto c = Cache::Open(std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+StoredRequest::StoredRequest(const Cache& c, size_t blocks, TokenId seed)
+    : tokens(Tokens(blocks * c.layout().block_tokens, seed)) {
+  HashPrefix(c.Root(), c.layout().block_tokens, tokens, &keys);
+  for (size_t i = 0; i < blocks; ++i) {
+    data.emplace_back(c.layout().bytes_per_block());
+    FillBlock(data.back(), keys[i].lo);
+  }
+  for (auto& d : data) views.emplace_back(d);
 }
 
 void FillBlock(std::span<std::byte> block, uint64_t seed) {

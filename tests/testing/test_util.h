@@ -10,14 +10,22 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/block_key.h"
 #include "kvtier/cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/tier.h"
 
 namespace kvtier::testing {
 
+// Key n of key set `set`: distinct (n, set) pairs give distinct keys; key.lo is n, and key.hi
+// is mixed, so keys spread over hash buckets, index shards and cluster slots.
+BlockKey Key(uint64_t n, uint64_t set = 0);
+
 // A small layout (2 layers x 2 heads x 8 dims fp32, 4 tokens/block = 512 B/block).
 KvLayout SmallLayout(uint32_t block_tokens = 4);
+// A block the size of a real one's page (2 layers x 2 heads x 64 dims bf16, 16 tokens/block =
+// 16 KiB/block).
+KvLayout Layout16KiB();
 // A host tier of `blocks` blocks of SmallLayout().
 TierSpec HostSpec(uint64_t blocks, std::string name = "host");
 // The spec of a tier built by the test.
@@ -29,6 +37,20 @@ std::vector<std::byte> MakeBlock(size_t bytes, uint64_t seed);
 
 // Tokens 0..n-1 offset by `base`, so different bases give different prefixes.
 std::vector<TokenId> Tokens(size_t n, uint32_t base = 0);
+
+// A Cache of SmallLayout() blocks over `tiers`; a failed open fails the test (and returns null).
+std::unique_ptr<Cache> OpenSmallCache(std::vector<TierSpec> tiers, WriteMode mode,
+                                      KvEventCallback cb = nullptr, uint32_t queue_blocks = 256);
+
+// A request of `blocks` full SmallLayout() blocks: tokens from `seed`, their keys under the
+// Cache's root, and block contents that are a function of their key (FillBlock of key.lo).
+struct StoredRequest {
+  std::vector<TokenId> tokens;
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ConstBlock> views;
+  StoredRequest(const Cache& c, size_t blocks, TokenId seed);
+};
 
 // A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
 class TempDir {

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -69,6 +70,37 @@ TEST(CopyPoolTest, SplitsABatchAcrossThreadsByBytes) {
       jobs.push_back({dsts[j].data(), srcs[j].data(), srcs[j].size()});
     pool.Run(jobs, /*min_parallel_bytes=*/0);
     for (size_t j = 0; j < srcs.size(); ++j) ASSERT_EQ(srcs[j], dsts[j]) << threads << "/" << j;
+  }
+}
+
+// CopyRange copies exactly bytes [begin, end) of the jobs' concatenation, whichever jobs the
+// range starts, ends or lies in, and nothing of the others.
+TEST(CopyRangeTest, CopiesExactlyTheRangeOfTheConcatenation) {
+  const std::vector<size_t> sizes = {5, 0, 4096, 1, 70000, 33};
+  size_t total = 0;
+  for (size_t n : sizes) total += n;
+  for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, total},
+                                                                  {0, 3},
+                                                                  {3, 5},
+                                                                  {4, 4102},
+                                                                  {5, 4101},
+                                                                  {4100, 4102},
+                                                                  {4101, 74000},
+                                                                  {total - 1, total}}) {
+    std::vector<std::vector<std::byte>> srcs, dsts;
+    std::vector<CopyJob> jobs;
+    for (size_t j = 0; j < sizes.size(); ++j) {
+      srcs.push_back(testing::MakeBlock(sizes[j], j + 1));
+      dsts.emplace_back(sizes[j], std::byte{0xEE});
+    }
+    for (size_t j = 0; j < sizes.size(); ++j)
+      jobs.push_back({dsts[j].data(), srcs[j].data(), sizes[j]});
+    CopyRange(jobs, begin, end);
+    size_t at = 0;
+    for (size_t j = 0; j < sizes.size(); ++j)
+      for (size_t i = 0; i < sizes[j]; ++i, ++at)
+        ASSERT_EQ(dsts[j][i], at >= begin && at < end ? srcs[j][i] : std::byte{0xEE})
+            << begin << ".." << end << " byte " << at;
   }
 }
 

@@ -16,23 +16,13 @@
 namespace kvtier {
 namespace {
 
-KvLayout SmallLayout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.dtype = DType::kBf16;
-  l.block_tokens = 16;  // 16 KiB blocks
-  return l;
-}
+using testing::Key;
 
 std::vector<std::byte> Bytes(uint64_t n, uint64_t size) {
   std::vector<std::byte> b(size);
   for (uint64_t i = 0; i < size; ++i) b[i] = static_cast<std::byte>((n * 131 + i * 7) >> 2);
   return b;
 }
-
-BlockKey Key(uint64_t n) { return BlockKey{0xabcdULL << 32 | n, n * 3 + 1}; }
 
 TierSpec DiskSpec(const std::string& dir, uint64_t capacity) {
   TierSpec s;
@@ -45,7 +35,7 @@ TierSpec DiskSpec(const std::string& dir, uint64_t capacity) {
 
 TEST(DiskTierTest, MakeTierBuildsADiskTierWithItsCapabilities) {
   ::kvtier::testing::TempDir dir;
-  auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), SmallLayout());
+  auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), testing::Layout16KiB());
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Tier& t = **made;
   EXPECT_EQ(t.kind(), TierKind::kDisk);
@@ -65,7 +55,7 @@ TEST(DiskTierTest, BadParamsAreNamed) {
   ::kvtier::testing::TempDir dir;
   TierSpec s = DiskSpec(dir.path(), 4 << 20);
   s.params["queue_depth"] = "lots";
-  auto r = MakeTier(s, SmallLayout());
+  auto r = MakeTier(s, testing::Layout16KiB());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(r.status().message().find("queue_depth"), std::string::npos) << r.status().message();
@@ -73,31 +63,31 @@ TEST(DiskTierTest, BadParamsAreNamed) {
 
   s = DiskSpec(dir.path(), 4 << 20);
   s.params["colour"] = "blue";
-  r = MakeTier(s, SmallLayout());
+  r = MakeTier(s, testing::Layout16KiB());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("colour"), std::string::npos) << r.status().message();
 
   s = DiskSpec(dir.path(), 4 << 20);
   s.params.erase("path");
-  r = MakeTier(s, SmallLayout());
+  r = MakeTier(s, testing::Layout16KiB());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("path"), std::string::npos) << r.status().message();
 
   s = DiskSpec(dir.path(), 4 << 20);
   s.params["sync"] = "sometimes";
-  r = MakeTier(s, SmallLayout());
+  r = MakeTier(s, testing::Layout16KiB());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("sync"), std::string::npos) << r.status().message();
 
   s = DiskSpec(dir.path(), 300 << 10);  // less than two segments
-  r = MakeTier(s, SmallLayout());
+  r = MakeTier(s, testing::Layout16KiB());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("capacity_bytes"), std::string::npos) << r.status().message();
 }
 
 TEST(DiskTierTest, PutGetThroughTheTierInterfaceAndListenerSeesEvictions) {
   ::kvtier::testing::TempDir dir;
-  const KvLayout layout = SmallLayout();
+  const KvLayout layout = testing::Layout16KiB();
   const uint64_t bb = layout.bytes_per_block();
   auto made = MakeTier(DiskSpec(dir.path(), 1 << 20), layout);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
@@ -141,7 +131,7 @@ TEST(DiskTierTest, PutGetThroughTheTierInterfaceAndListenerSeesEvictions) {
 
 TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
   ::kvtier::testing::TempDir dir;
-  const KvLayout layout = SmallLayout();
+  const KvLayout layout = testing::Layout16KiB();
   const uint64_t bb = layout.bytes_per_block();
   {
     auto made = disk::DiskTier::Open(
@@ -180,7 +170,7 @@ TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
 
 TEST(DiskTierTest, GetSliceReadsLayersAndTheBlocksChecksum) {
   ::kvtier::testing::TempDir dir;
-  const KvLayout layout = SmallLayout();
+  const KvLayout layout = testing::Layout16KiB();
   const uint64_t bb = layout.bytes_per_block();
   const uint64_t layer = bb / layout.num_layers;
   auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), layout);
@@ -227,10 +217,10 @@ TEST(DiskTierTest, GetSliceReadsLayersAndTheBlocksChecksum) {
 TEST(DiskTierTest, OtherLayoutOnTheSameDirectoryIsRefused) {
   ::kvtier::testing::TempDir dir;
   {
-    auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), SmallLayout());
+    auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), testing::Layout16KiB());
     ASSERT_TRUE(made.ok()) << made.status().ToString();
   }
-  KvLayout other = SmallLayout();
+  KvLayout other = testing::Layout16KiB();
   other.num_layers = 4;
   auto r = MakeTier(DiskSpec(dir.path(), 4 << 20), other);
   ASSERT_FALSE(r.ok());

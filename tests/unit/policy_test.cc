@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "common/flat_map.h"
+#include "testing/test_util.h"
 
 namespace kvtier {
 namespace {
 
-BlockKey K(uint64_t i) { return BlockKey{0, i}; }
+using testing::Key;
+
 auto All() {
   return [](const BlockKey&) { return true; };
 }
@@ -34,21 +36,21 @@ TEST(PolicyTest, UnknownNameListsKnownOnes) {
 
 TEST(PolicyTest, LruEvictsLeastRecent) {
   auto p = Make("lru", 3);
-  for (int i = 1; i <= 3; ++i) p->OnInsert(K(i), {});
-  p->OnAccess(K(1), {});
-  EXPECT_EQ(p->PickVictim(All()), K(2));
-  EXPECT_EQ(p->PickVictim(All()), K(3));
-  EXPECT_EQ(p->PickVictim(All()), K(1));
+  for (int i = 1; i <= 3; ++i) p->OnInsert(Key(i), {});
+  p->OnAccess(Key(1), {});
+  EXPECT_EQ(p->PickVictim(All()), Key(2));
+  EXPECT_EQ(p->PickVictim(All()), Key(3));
+  EXPECT_EQ(p->PickVictim(All()), Key(1));
   EXPECT_FALSE(p->PickVictim(All()).has_value());
 }
 
 TEST(PolicyTest, PinnedBlocksAreSkippedAndKeepTheirPlace) {
   for (const char* name : {"lru", "s3fifo", "arc"}) {
     auto p = Make(name, 4);
-    for (int i = 1; i <= 4; ++i) p->OnInsert(K(i), {});
+    for (int i = 1; i <= 4; ++i) p->OnInsert(Key(i), {});
     std::set<uint64_t> pinned = {1, 2, 3};
     auto evictable = [&](const BlockKey& k) { return !pinned.count(k.lo); };
-    EXPECT_EQ(p->PickVictim(evictable), K(4)) << name;
+    EXPECT_EQ(p->PickVictim(evictable), Key(4)) << name;
     EXPECT_FALSE(p->PickVictim(evictable).has_value()) << name;
     EXPECT_EQ(p->size(), 3u) << name;
     pinned.clear();
@@ -59,11 +61,11 @@ TEST(PolicyTest, PinnedBlocksAreSkippedAndKeepTheirPlace) {
 TEST(PolicyTest, EraseForgetsTheKey) {
   for (const char* name : {"lru", "s3fifo", "arc"}) {
     auto p = Make(name, 4);
-    p->OnInsert(K(1), {});
-    p->OnInsert(K(2), {});
-    p->OnErase(K(1));
+    p->OnInsert(Key(1), {});
+    p->OnInsert(Key(2), {});
+    p->OnErase(Key(1));
     EXPECT_EQ(p->size(), 1u) << name;
-    EXPECT_EQ(p->PickVictim(All()), K(2)) << name;
+    EXPECT_EQ(p->PickVictim(All()), Key(2)) << name;
     EXPECT_EQ(p->size(), 0u) << name;
   }
 }
@@ -71,9 +73,9 @@ TEST(PolicyTest, EraseForgetsTheKey) {
 // S3-FIFO: a one-hit wonder leaves through the small queue before a re-used block.
 TEST(PolicyTest, S3FifoProtectsReusedBlocksFromScans) {
   auto p = Make("s3fifo", 10);
-  p->OnInsert(K(1), {});
-  p->OnAccess(K(1), {});  // re-used on probation
-  for (int i = 2; i <= 10; ++i) p->OnInsert(K(i), {});
+  p->OnInsert(Key(1), {});
+  p->OnAccess(Key(1), {});  // re-used on probation
+  for (int i = 2; i <= 10; ++i) p->OnInsert(Key(i), {});
   std::set<uint64_t> victims;
   for (int i = 0; i < 9; ++i) victims.insert(p->PickVictim(All())->lo);
   EXPECT_FALSE(victims.count(1));
@@ -83,23 +85,23 @@ TEST(PolicyTest, S3FifoProtectsReusedBlocksFromScans) {
 // S3-FIFO: a block evicted from the small queue and seen again enters main directly.
 TEST(PolicyTest, S3FifoGhostHitGoesToMain) {
   auto p = Make("s3fifo", 10);
-  p->OnInsert(K(1), {});
-  EXPECT_EQ(p->PickVictim(All()), K(1));
-  p->OnInsert(K(1), {});  // ghost hit
-  for (int i = 2; i <= 5; ++i) p->OnInsert(K(i), {});
+  p->OnInsert(Key(1), {});
+  EXPECT_EQ(p->PickVictim(All()), Key(1));
+  p->OnInsert(Key(1), {});  // ghost hit
+  for (int i = 2; i <= 5; ++i) p->OnInsert(Key(i), {});
   // Small holds 2..5 (over its 1-block target) so they go first; 1 sits in main.
-  for (int i = 2; i <= 5; ++i) EXPECT_NE(p->PickVictim(All()), K(1));
-  EXPECT_EQ(p->PickVictim(All()), K(1));
+  for (int i = 2; i <= 5; ++i) EXPECT_NE(p->PickVictim(All()), Key(1));
+  EXPECT_EQ(p->PickVictim(All()), Key(1));
 }
 
 // ARC: frequency (T2) survives a scan of new blocks.
 TEST(PolicyTest, ArcKeepsFrequentBlocksThroughAScan) {
   auto p = Make("arc", 4);
-  p->OnInsert(K(1), {});
-  p->OnAccess(K(1), {});  // T2
+  p->OnInsert(Key(1), {});
+  p->OnAccess(Key(1), {});  // T2
   for (int i = 2; i <= 20; ++i) {
-    p->OnInsert(K(i), {});
-    while (p->size() > 4) ASSERT_NE(p->PickVictim(All()), K(1)) << i;
+    p->OnInsert(Key(i), {});
+    while (p->size() > 4) ASSERT_NE(p->PickVictim(All()), Key(1)) << i;
   }
 }
 
@@ -118,7 +120,7 @@ double ChainHitRate(bool tail_first) {
     for (int s = 0; s < sessions; ++s) {
       length[s] += 2;
       std::vector<BlockKey> chain;
-      for (int b = 0; b < length[s]; ++b) chain.push_back(BlockKey{uint64_t(s) + 1, uint64_t(b)});
+      for (int b = 0; b < length[s]; ++b) chain.push_back(Key(b, s + 1));
       size_t prefix = 0;
       while (prefix < chain.size() && resident.Contains(chain[prefix])) ++prefix;
       hits += prefix;
@@ -159,7 +161,7 @@ TEST(PolicyTest, OnAccessChainEvictsAsPerKeyTouches) {
     for (int step = 0; step < 20000; ++step) {
       const uint64_t start = rng() % 48, len = 1 + rng() % 12;
       std::vector<BlockKey> chain;
-      for (uint64_t k = start; k < start + len; ++k) chain.push_back(K(k));
+      for (uint64_t k = start; k < start + len; ++k) chain.push_back(Key(k));
       for (const BlockKey& k : chain) {
         if (resident.insert(k.lo).second) {
           chained->OnInsert(k, AccessHint{});
@@ -187,23 +189,23 @@ TEST(PolicyTest, OnAccessChainEvictsAsPerKeyTouches) {
 
 TEST(AdmissionTest, Kinds) {
   AdmissionPolicy always(AdmissionOptions{});
-  EXPECT_TRUE(always.Admit(K(1), 0));
+  EXPECT_TRUE(always.Admit(Key(1), 0));
 
   AdmissionOptions min;
   min.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   min.min_prefix_tokens = 1024;
   AdmissionPolicy m(min);
-  EXPECT_FALSE(m.Admit(K(1), 512));
-  EXPECT_TRUE(m.Admit(K(1), 1024));
+  EXPECT_FALSE(m.Admit(Key(1), 512));
+  EXPECT_TRUE(m.Admit(Key(1), 1024));
 
   AdmissionOptions nh;
   nh.kind = AdmissionOptions::Kind::kAfterNHits;
   nh.hits = 3;
   AdmissionPolicy n(nh);
-  EXPECT_FALSE(n.Admit(K(7), 0));
-  EXPECT_FALSE(n.Admit(K(7), 0));
-  EXPECT_TRUE(n.Admit(K(7), 0));
-  EXPECT_FALSE(n.Admit(K(8), 0));
+  EXPECT_FALSE(n.Admit(Key(7), 0));
+  EXPECT_FALSE(n.Admit(Key(7), 0));
+  EXPECT_TRUE(n.Admit(Key(7), 0));
+  EXPECT_FALSE(n.Admit(Key(8), 0));
 
   AdmissionOptions bad = nh;
   bad.hits = 0;

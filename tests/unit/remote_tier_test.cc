@@ -29,10 +29,10 @@ namespace kvtier::remote {
 namespace {
 
 using testing::BlockBytes;
+using testing::Key;
 using testing::RedisMissingReason;
 using testing::RedisServer;
 using testing::SmallLayout;
-using testing::SpreadKey;
 
 // While alive, captures what the default logger writes: the tier logged nothing about outages
 // and corruption, so these tests check that it does now.
@@ -96,7 +96,7 @@ class RemoteTierTest : public ::testing::Test {
     std::vector<std::vector<std::byte>> data;
     std::vector<ConstBlock> blocks;
     for (size_t i = 0; i < n; ++i) {
-      keys.push_back(SpreadKey(i, salt));
+      keys.push_back(Key(i, salt));
       data.push_back(BlockBytes(keys.back(), tier.block_bytes()));
     }
     for (auto& d : data) blocks.emplace_back(d);
@@ -110,7 +110,7 @@ class RemoteTierTest : public ::testing::Test {
     out->assign(n, std::vector<std::byte>(tier.block_bytes()));
     std::vector<MutableBlock> spans;
     for (size_t i = 0; i < n; ++i) {
-      keys.push_back(SpreadKey(i, salt));
+      keys.push_back(Key(i, salt));
       spans.emplace_back((*out)[i]);
     }
     std::vector<Status> results(n);
@@ -145,7 +145,7 @@ TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
   }
   // The value in Redis is the header, the block and the checksum trailer.
   Result<testing::RedisReplyText> len =
-      server_->Command({"STRLEN", RedisKeyOf(tier->options().key_prefix, SpreadKey(0, 1))});
+      server_->Command({"STRLEN", RedisKeyOf(tier->options().key_prefix, Key(0, 1))});
   ASSERT_TRUE(len.ok());
   EXPECT_EQ(len->text,
             std::to_string(kValueHeaderBytes + tier->block_bytes() + kValueTrailerBytes));
@@ -174,7 +174,7 @@ TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
       ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].ToString();
       EXPECT_TRUE(out[i] == data[i]) << "block " << i << " differs";
     }
-    std::vector<BlockKey> keys = {SpreadKey(0, 7), SpreadKey(99, 7)};
+    std::vector<BlockKey> keys = {Key(0, 7), Key(99, 7)};
     bool exists[2] = {false, true};
     ASSERT_TRUE(tier->Exists(keys, exists).ok());
     EXPECT_TRUE(exists[0]);
@@ -187,7 +187,7 @@ TEST_F(RemoteTierTest, MissesExistsAndErase) {
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 3, 2, &put);
-  std::vector<BlockKey> keys = {SpreadKey(0, 2), SpreadKey(99, 2), SpreadKey(2, 2)};
+  std::vector<BlockKey> keys = {Key(0, 2), Key(99, 2), Key(2, 2)};
   bool exists[3] = {false, true, false};
   ASSERT_TRUE(tier->Exists(keys, exists).ok());
   EXPECT_TRUE(exists[0]);
@@ -196,7 +196,7 @@ TEST_F(RemoteTierTest, MissesExistsAndErase) {
   std::vector<std::byte> buf(tier->block_bytes());
   MutableBlock one[1] = {buf};
   Status r[1];
-  BlockKey missing[1] = {SpreadKey(99, 2)};
+  BlockKey missing[1] = {Key(99, 2)};
   ASSERT_TRUE(tier->Get(missing, one, r).ok());
   EXPECT_TRUE(r[0].IsNotFound()) << r[0].ToString();
   ASSERT_TRUE(tier->Erase(std::span(keys).first(1)).ok());
@@ -210,7 +210,7 @@ TEST_F(RemoteTierTest, WrongSizedBlockFailsAloneAndNeverReachesRedis) {
   ASSERT_NE(tier, nullptr);
   std::vector<std::byte> good(tier->block_bytes(), std::byte{1});
   std::vector<std::byte> bad(tier->block_bytes() - 1);
-  BlockKey keys[2] = {SpreadKey(0, 3), SpreadKey(1, 3)};
+  BlockKey keys[2] = {Key(0, 3), Key(1, 3)};
   ConstBlock blocks[2] = {good, bad};
   Status r[2];
   ASSERT_TRUE(tier->Put(keys, blocks, r).ok());
@@ -231,7 +231,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   PutKeys(*tier, 2, 4, &put);
   ASSERT_TRUE(put[0].ok()) << put[0].ToString();
   Result<testing::RedisReplyText> ttl =
-      server_->Command({"TTL", RedisKeyOf(o.key_prefix, SpreadKey(1, 4))});
+      server_->Command({"TTL", RedisKeyOf(o.key_prefix, Key(1, 4))});
   ASSERT_TRUE(ttl.ok());
   int secs = std::atoi(ttl->text.c_str());
   EXPECT_GT(secs, 0);
@@ -241,7 +241,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   ASSERT_NE(plain, nullptr);
   std::vector<Status> put2;
   PutKeys(*plain, 1, 5, &put2);
-  ttl = server_->Command({"TTL", RedisKeyOf(plain->options().key_prefix, SpreadKey(0, 5))});
+  ttl = server_->Command({"TTL", RedisKeyOf(plain->options().key_prefix, Key(0, 5))});
   ASSERT_TRUE(ttl.ok());
   EXPECT_EQ(ttl->text, "-1");
 }
@@ -260,17 +260,15 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
   // 3: another block's value copied under this key; 4: untouched.
   // Flipped, not overwritten: a fixed byte could equal the one it replaces.
   Result<testing::RedisReplyText> b0 =
-      server_->Command({"GETRANGE", RedisKeyOf(prefix, SpreadKey(0, 6)), "1000", "1000"});
+      server_->Command({"GETRANGE", RedisKeyOf(prefix, Key(0, 6)), "1000", "1000"});
   ASSERT_TRUE(b0.ok() && b0->text.size() == 1);
   const std::string flipped(1, static_cast<char>(~b0->text[0]));
-  ASSERT_TRUE(
-      server_->Command({"SETRANGE", RedisKeyOf(prefix, SpreadKey(0, 6)), "1000", flipped}).ok());
-  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, SpreadKey(1, 6)), "10", "Z"}).ok());
-  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, SpreadKey(2, 6)), "short"}).ok());
-  Result<testing::RedisReplyText> v4 =
-      server_->Command({"GET", RedisKeyOf(prefix, SpreadKey(4, 6))});
+  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, Key(0, 6)), "1000", flipped}).ok());
+  ASSERT_TRUE(server_->Command({"SETRANGE", RedisKeyOf(prefix, Key(1, 6)), "10", "Z"}).ok());
+  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, Key(2, 6)), "short"}).ok());
+  Result<testing::RedisReplyText> v4 = server_->Command({"GET", RedisKeyOf(prefix, Key(4, 6))});
   ASSERT_TRUE(v4.ok());
-  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, SpreadKey(3, 6)), v4->text}).ok());
+  ASSERT_TRUE(server_->Command({"SET", RedisKeyOf(prefix, Key(3, 6)), v4->text}).ok());
 
   std::vector<std::vector<std::byte>> out;
   LogCapture log;
@@ -307,7 +305,7 @@ TEST_F(RemoteTierTest, WrongTypeValueIsDroppedLikeCorruption) {
   });
   std::vector<Status> put;
   PutKeys(*tier, 2, 12, &put);
-  const std::string rkey = RedisKeyOf(tier->options().key_prefix, SpreadKey(0, 12));
+  const std::string rkey = RedisKeyOf(tier->options().key_prefix, Key(0, 12));
   ASSERT_TRUE(server_->Command({"DEL", rkey}).ok());
   ASSERT_TRUE(server_->Command({"RPUSH", rkey, "a", "b"}).ok());
   std::vector<std::vector<std::byte>> out;

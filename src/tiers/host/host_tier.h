@@ -2,8 +2,10 @@
 //
 // The arena is mapped once at open, pre-faulted by all copy threads in parallel (a fresh page
 // fault costs ~17x a copy into a faulted page) and never remapped; with CUDA it is registered
-// as pinned memory for DMA. A batch is copied by all configured threads with streaming stores.
-// No heap allocation per operation once the per-thread scratch has grown.
+// as pinned memory for DMA. A batch of 1 MiB or more is split over the configured copy
+// threads; copies of 64 KiB or more use streaming stores (common/copy.h). A successful
+// operation allocates nothing once the per-thread scratch has grown (a failed block's Status
+// carries a message).
 //
 // The same class, with kind kEmulatedDevice, stands in for a device (HBM) tier: host memory
 // labelled as the fastest tier, until a CUDA tier exists.

@@ -13,16 +13,6 @@
 namespace kvtier {
 namespace {
 
-KvLayout SmallLayout() {
-  KvLayout l;
-  l.num_layers = 2;
-  l.num_kv_heads = 2;
-  l.head_dim = 64;
-  l.dtype = DType::kBf16;
-  l.block_tokens = 16;
-  return l;
-}
-
 std::vector<std::byte> Bytes(uint64_t n, uint64_t size) {
   std::vector<std::byte> b(size);
   uint64_t x = n * 0x9e3779b97f4a7c15ULL + 1;
@@ -47,7 +37,7 @@ TEST_P(DiskCacheTest, OneStoreLargerThanHostLandsOnDiskAndLoadsBackExact) { Stor
 void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
   ::kvtier::testing::TempDir dir;
   ASSERT_FALSE(dir.path().empty());
-  const KvLayout layout = SmallLayout();
+  const KvLayout layout = testing::Layout16KiB();
   const uint64_t bb = layout.bytes_per_block();
   constexpr uint32_t kHostBlocks = 8, kBlocks = 32;
 
@@ -113,7 +103,7 @@ void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
 
 TEST(DiskCacheRestartTest, BlocksStoredBeforeARestartLoadBackExactAfterIt) {
   ::kvtier::testing::TempDir dir;
-  const KvLayout layout = SmallLayout();
+  const KvLayout layout = testing::Layout16KiB();
   const uint64_t bb = layout.bytes_per_block();
   constexpr uint32_t kBlocks = 12;
   auto options = [&] {

@@ -13,6 +13,8 @@ namespace {
 
 using testing::HostSpec;
 using testing::InstanceSpec;
+using testing::OpenSmallCache;
+using testing::StoredRequest;
 
 using testing::FaultyTier;
 using testing::FillBlock;
@@ -64,36 +66,8 @@ struct Recorder {
   }
 };
 
-std::unique_ptr<Cache> Open(std::vector<TierSpec> tiers, WriteMode mode, KvEventCallback cb,
-                            uint32_t queue_blocks = 256) {
-  CacheOptions o;
-  o.layout = SmallLayout(kBt);
-  o.tiers = std::move(tiers);
-  o.write_mode = mode;
-  o.on_event = std::move(cb);
-  o.write_queue_blocks = queue_blocks;
-  auto c = Cache::Open(std::move(o));
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  return std::move(c).value();
-}
-
-struct Request {
-  std::vector<TokenId> tokens;
-  std::vector<BlockKey> keys;
-  std::vector<std::vector<std::byte>> data;
-  std::vector<ConstBlock> views;
-  Request(const Cache& c, size_t blocks, TokenId seed) : tokens(Tokens(blocks * kBt, seed)) {
-    HashPrefix(c.Root(), kBt, tokens, &keys);
-    for (size_t i = 0; i < blocks; ++i) {
-      data.emplace_back(c.layout().bytes_per_block());
-      FillBlock(data.back(), keys[i].lo);
-    }
-    for (auto& d : data) views.emplace_back(d);
-  }
-};
-
 // Looks up r and loads every hit block, checking the bytes; returns the hit count.
-uint32_t LookupAndLoad(Cache& c, const Request& r, int expect_tier = -1) {
+uint32_t LookupAndLoad(Cache& c, const StoredRequest& r, int expect_tier = -1) {
   auto lk = c.Lookup(r.tokens);
   EXPECT_TRUE(lk.ok());
   if (expect_tier >= 0) {
@@ -113,12 +87,12 @@ uint32_t LookupAndLoad(Cache& c, const Request& r, int expect_tier = -1) {
 
 // Write-through: a Store returns, and Lookups and host Loads from other threads complete, while
 // the lower tier's Put is held; the blocks show below only once the Put is done.
-TEST(CacheAsyncTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
+TEST(CacheWriterTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
   BlockingTier low;
   Recorder rec;
-  auto cache = Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough,
-                    rec.Callback());
-  Request a(*cache, 4, 100), b(*cache, 3, 200);
+  auto cache = OpenSmallCache({HostSpec(64, "dram"), InstanceSpec(low.tier)},
+                              WriteMode::kWriteThrough, rec.Callback());
+  StoredRequest a(*cache, 4, 100), b(*cache, 3, 200);
   auto st = std::async(std::launch::async, [&] { return cache->Store(a.tokens, a.views); });
   ASSERT_TRUE(low.Check(st.wait_for(kPatience) == std::future_status::ready))
       << "Store waited for the SSD";
@@ -144,12 +118,12 @@ TEST(CacheAsyncTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
 
 // Write-back: victims go down in the background; the Store that evicted them returns while
 // their Put is held, and they are found in the lower tier once it is done.
-TEST(CacheAsyncTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
+TEST(CacheWriterTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
   BlockingTier low;
   Recorder rec;
-  auto cache =
-      Open({HostSpec(4, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteBack, rec.Callback());
-  Request a(*cache, 4, 100), b(*cache, 4, 200);
+  auto cache = OpenSmallCache({HostSpec(4, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteBack,
+                              rec.Callback());
+  StoredRequest a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   EXPECT_EQ(low.tier->stats().puts, 0u);  // a fits: nothing went down
   auto st = std::async(std::launch::async, [&] { return cache->Store(b.tokens, b.views); });
@@ -174,12 +148,12 @@ TEST(CacheAsyncTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
 }
 
 // A full queue makes Store wait (never unbounded growth); it goes on once the writer drains.
-TEST(CacheAsyncTest, FullWriteQueueAppliesBackpressure) {
+TEST(CacheWriterTest, FullWriteQueueAppliesBackpressure) {
   BlockingTier low;
-  auto cache =
-      Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough, nullptr,
-           /*queue_blocks=*/2);
-  Request a(*cache, 2, 100), b(*cache, 1, 200);
+  auto cache = OpenSmallCache({HostSpec(64, "dram"), InstanceSpec(low.tier)},
+                              WriteMode::kWriteThrough, nullptr,
+                              /*queue_blocks=*/2);
+  StoredRequest a(*cache, 2, 100), b(*cache, 1, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());  // 2 blocks: the queue is full
   low.entered.wait();
   auto st = std::async(std::launch::async, [&] { return cache->Store(b.tokens, b.views); });
@@ -194,13 +168,13 @@ TEST(CacheAsyncTest, FullWriteQueueAppliesBackpressure) {
   EXPECT_EQ(cache->stats().write_queue_waits, 1u);
 }
 
-TEST(CacheAsyncTest, FailedBackgroundWritesAreCounted) {
+TEST(CacheWriterTest, FailedBackgroundWritesAreCounted) {
   auto low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
   low->fail_writes = true;
   Recorder rec;
-  auto cache =
-      Open({HostSpec(64, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, rec.Callback());
-  Request a(*cache, 3, 100);
+  auto cache = OpenSmallCache({HostSpec(64, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough,
+                              rec.Callback());
+  StoredRequest a(*cache, 3, 100);
   auto st = cache->Store(a.tokens, a.views);
   EXPECT_EQ(st->stored_blocks, 3u);  // the host has them
   cache->Flush();
@@ -211,11 +185,11 @@ TEST(CacheAsyncTest, FailedBackgroundWritesAreCounted) {
 }
 
 // Destroying the Cache drains the queue: writes in flight finish into the lower tier.
-TEST(CacheAsyncTest, DestructionDrainsWritesInFlight) {
+TEST(CacheWriterTest, DestructionDrainsWritesInFlight) {
   BlockingTier low;
-  auto cache =
-      Open({HostSpec(64, "dram"), InstanceSpec(low.tier)}, WriteMode::kWriteThrough, nullptr);
-  Request a(*cache, 2, 100), b(*cache, 3, 200);
+  auto cache = OpenSmallCache({HostSpec(64, "dram"), InstanceSpec(low.tier)},
+                              WriteMode::kWriteThrough, nullptr);
+  StoredRequest a(*cache, 2, 100), b(*cache, 3, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   low.entered.wait();
   ASSERT_TRUE(cache->Store(b.tokens, b.views).ok());  // queued behind the held Put
@@ -226,10 +200,11 @@ TEST(CacheAsyncTest, DestructionDrainsWritesInFlight) {
 }
 
 // Promotion of a block loaded from below runs after Load returns, and lands in the host.
-TEST(CacheAsyncTest, PromotionHappensAfterTheLoad) {
+TEST(CacheWriterTest, PromotionHappensAfterTheLoad) {
   auto low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
-  auto cache = Open({HostSpec(4, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
-  Request a(*cache, 4, 100), b(*cache, 4, 200);
+  auto cache =
+      OpenSmallCache({HostSpec(4, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
+  StoredRequest a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   cache->Flush();  // a's host copy is pinned until the SSD has it
   ASSERT_TRUE(cache->Store(b.tokens, b.views).ok());  // a leaves the host
@@ -241,9 +216,9 @@ TEST(CacheAsyncTest, PromotionHappensAfterTheLoad) {
 }
 
 // Load of a block range of one lookup: the tail, without a second lookup.
-TEST(CacheAsyncTest, LoadsABlockRangeOfALookup) {
-  auto cache = Open({HostSpec(64, "dram")}, WriteMode::kWriteThrough, nullptr);
-  Request a(*cache, 6, 100);
+TEST(CacheWriterTest, LoadsABlockRangeOfALookup) {
+  auto cache = OpenSmallCache({HostSpec(64, "dram")}, WriteMode::kWriteThrough, nullptr);
+  StoredRequest a(*cache, 6, 100);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   auto lk = cache->Lookup(a.tokens);
   ASSERT_EQ(lk->hit_blocks, 6u);
@@ -262,142 +237,21 @@ TEST(CacheAsyncTest, LoadsABlockRangeOfALookup) {
 
 // Regression: write-back victims reached the lower tier's admission with a prefix length of 0,
 // so min-prefix-tokens refused every one. A victim at chain position p carries (p + 1) blocks.
-TEST(CacheAsyncTest, WriteBackVictimsCarryTheirChainPositionToAdmission) {
+TEST(CacheWriterTest, WriteBackVictimsCarryTheirChainPositionToAdmission) {
   TierSpec low = HostSpec(64, "dram");
   low.name = "ssd";
   low.admission.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   low.admission.min_prefix_tokens = 3 * kBt;
   TierSpec top = HostSpec(4, "dram");
   top.name = "hbm";
-  auto cache = Open({top, low}, WriteMode::kWriteBack, nullptr);
-  Request a(*cache, 4, 100), b(*cache, 4, 200);
+  auto cache = OpenSmallCache({top, low}, WriteMode::kWriteBack, nullptr);
+  StoredRequest a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   ASSERT_TRUE(cache->Store(b.tokens, b.views).ok());  // a's 4 blocks are victims
   cache->Flush();
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].rejected, 2u);   // positions 0 and 1: prefixes of 4 and 8 tokens
   EXPECT_EQ(s.tiers[1].tier.puts, 2u);  // positions 2 and 3
-}
-
-// Layer-wise loads (Cache::LoadLayerwise) from a tier that reads slices.
-struct LayerwiseFixture {
-  std::shared_ptr<FaultyTier> low;
-  std::unique_ptr<Cache> cache;
-  std::unique_ptr<Request> req;
-  std::vector<std::vector<std::byte>> out;
-  std::vector<MutableBlock> views;
-  std::mutex mu;
-  std::vector<uint64_t> offsets;  // GetSlice calls, in order
-
-  explicit LayerwiseFixture(size_t blocks = 5) {
-    low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
-    low->slices = true;
-    low->on_get = [this](uint64_t off) {
-      std::lock_guard<std::mutex> l(mu);
-      offsets.push_back(off);
-    };
-    cache = Open({InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
-    req = std::make_unique<Request>(*cache, blocks, 300);
-    EXPECT_TRUE(cache->Store(req->tokens, req->views).ok());
-    cache->Flush();
-    out.assign(blocks, std::vector<std::byte>(cache->layout().bytes_per_block()));
-    views.assign(out.begin(), out.end());
-    std::lock_guard<std::mutex> l(mu);
-    offsets.clear();
-  }
-};
-
-TEST(CacheLayerwiseTest, LayersArriveInOrderAndBlocksMatch) {
-  LayerwiseFixture f;
-  auto lk = f.cache->Lookup(f.req->tokens);
-  ASSERT_EQ(lk->hit_blocks, 5u);
-  auto load = f.cache->LoadLayerwise(*lk, 1, std::span(f.views).first(4));
-  ASSERT_TRUE(load.ok()) << load.status().ToString();
-  const uint32_t layers = f.cache->layout().num_layers;
-  ASSERT_GT(layers, 1u);
-  EXPECT_EQ((*load)->num_layers(), layers);
-  EXPECT_EQ((*load)->num_blocks(), 4u);
-  for (uint32_t l = 0; l < layers; ++l) EXPECT_TRUE((*load)->WaitLayer(l, kPatience).ok()) << l;
-  EXPECT_EQ((*load)->WaitLayer(layers, kPatience).code(), StatusCode::kInvalidArgument);
-  auto r = (*load)->Finish(kPatience);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->loaded_blocks, 4u);
-  for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(f.out[i], f.req->data[1 + i]) << "block " << i;
-  // One batched slice read per layer, layer 0 first.
-  std::vector<uint64_t> want;
-  for (uint32_t l = 0; l < layers; ++l)
-    want.push_back(uint64_t{l} * f.cache->layout().layer_bytes());
-  EXPECT_EQ(f.offsets, want);
-  EXPECT_EQ((*load)->Finish(kPatience).status().code(), StatusCode::kInvalidArgument);
-  auto bad = f.cache->LoadLayerwise(*lk, 2, std::span(f.views).first(4));
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-}
-
-// A block is checked whole once every layer is in: one corrupt slice fails that block at
-// Finish, which drops it from its tier, and the leading run stops there.
-TEST(CacheLayerwiseTest, CorruptSliceFailsTheBlockAtFinish) {
-  LayerwiseFixture f;
-  auto lk = f.cache->Lookup(f.req->tokens);
-  f.low->corrupt_reads = true;
-  auto load = f.cache->LoadLayerwise(*lk, 0, f.views);
-  ASSERT_TRUE(load.ok());
-  auto r = (*load)->Finish(kPatience);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->loaded_blocks, 0u);
-  EXPECT_EQ(r->block_status[0].code(), StatusCode::kCorruption) << r->block_status[0].ToString();
-  lk = Status::NotFound("released");
-  f.low->corrupt_reads = false;
-  EXPECT_EQ(f.cache->Lookup(f.req->tokens)->hit_blocks, 0u);  // dropped from the index
-}
-
-// A slow tier: WaitLayer times out (the load goes on), Lookups complete meanwhile, and a load
-// destroyed in flight stops without touching the buffers after.
-TEST(CacheLayerwiseTest, TimeoutAndDestructionInFlight) {
-  LayerwiseFixture f;
-  std::promise<void> open_p;
-  std::shared_future<void> opened = open_p.get_future().share();
-  const uint64_t layer1 = f.cache->layout().layer_bytes();
-  f.low->on_get = [&](uint64_t off) {
-    if (off == layer1) opened.wait();
-  };
-  auto lk = f.cache->Lookup(f.req->tokens);
-  auto load = f.cache->LoadLayerwise(*lk, 0, f.views);
-  ASSERT_TRUE(load.ok());
-  EXPECT_TRUE((*load)->WaitLayer(0, kPatience).ok());
-  Status slow = (*load)->WaitLayer(1, std::chrono::milliseconds(50));
-  EXPECT_EQ(slow.code(), StatusCode::kUnavailable);
-  EXPECT_NE(slow.message().find("timed out"), std::string::npos) << slow.ToString();
-  EXPECT_EQ(f.cache->Lookup(f.req->tokens)->hit_blocks, 5u);  // no Cache lock is held
-  EXPECT_EQ((*load)->Finish(std::chrono::milliseconds(20)).status().code(),
-            StatusCode::kUnavailable);
-  open_p.set_value();
-  (*load)->Cancel();
-  auto r = (*load)->Finish(kPatience);
-  ASSERT_TRUE(r.ok());
-  // Cancelled before the last layer: nothing counts as loaded; or it had finished: all does.
-  if (r->loaded_blocks == 0) {
-    EXPECT_NE(r->block_status[0].message().find("cancelled"), std::string::npos)
-        << r->block_status[0].ToString();
-  } else {
-    EXPECT_EQ(r->loaded_blocks, 5u);
-    for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(f.out[i], f.req->data[i]);
-  }
-  // A second load, destroyed while its layer 1 is still being read.
-  std::promise<void> open2;
-  std::shared_future<void> opened2 = open2.get_future().share();
-  std::promise<void> entered;
-  std::atomic<bool> once{true};
-  f.low->on_get = [&](uint64_t off) {
-    if (off != layer1) return;
-    if (once.exchange(false)) entered.set_value();
-    opened2.wait();
-  };
-  auto load2 = f.cache->LoadLayerwise(*lk, 0, f.views);
-  ASSERT_TRUE(load2.ok());
-  entered.get_future().wait();
-  auto destroyer = std::async(std::launch::async, [&] { load2->reset(); });
-  open2.set_value();
-  destroyer.wait();
 }
 
 }  // namespace

@@ -22,11 +22,11 @@
 namespace kvtier {
 namespace {
 
+using testing::Key;
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisServer;
 using testing::SmallLayout;
-using testing::SpreadKey;
 
 constexpr uint32_t kBlocks = 12;
 constexpr const char* kChildUrlEnv = "KVTIER_REMOTE_CHILD_URL";
@@ -134,7 +134,7 @@ int RunChild(const std::string& url, uint64_t salt) {
   if (pid == 0) {
     setenv(kChildUrlEnv, url.c_str(), 1);
     setenv(kChildSaltEnv, std::to_string(salt).c_str(), 1);
-    execl("/proc/self/exe", "remote_cache_test",
+    execl("/proc/self/exe", "cache_remote_test",
           "--gtest_filter=RemoteCacheChild.DISABLED_LoadsWhatTheParentStored",
           "--gtest_also_run_disabled_tests", static_cast<char*>(nullptr));
     _exit(127);

@@ -5,14 +5,15 @@
 
 #include "engine/config.h"
 #include "engine/kv_pool.h"
+#include "testing/test_util.h"
 
 namespace kvtier::engine {
 namespace {
 
 KvLayout TinyLayout() { return ModelPreset("tiny").value().Layout(16); }
-BlockKey Key(uint64_t i) { return BlockKey{i, i * 31 + 7}; }
+using ::kvtier::testing::Key;
 
-TEST(EnginePool, BlocksAreDisjointAndLaidOutPerLayer) {
+TEST(KvPoolTest, BlocksAreDisjointAndLaidOutPerLayer) {
   auto pool = KvPool::Create(TinyLayout(), 2).value();
   const KvLayout& l = pool->layout();
   BlockId a = pool->Allocate().value(), b = pool->Allocate().value();
@@ -25,7 +26,7 @@ TEST(EnginePool, BlocksAreDisjointAndLaidOutPerLayer) {
   EXPECT_EQ(pool->Allocate().status().code(), StatusCode::kResourceExhausted);
 }
 
-TEST(EnginePool, RegisteredBlocksAreFoundAndEvictedOldestFirst) {
+TEST(KvPoolTest, RegisteredBlocksAreFoundAndEvictedOldestFirst) {
   auto pool = KvPool::Create(TinyLayout(), 3).value();
   std::vector<BlockKey> evicted;
   pool->SetEvictionListener([&](const BlockKey& k, uint32_t, ConstBlock bytes) {
@@ -55,7 +56,7 @@ TEST(EnginePool, RegisteredBlocksAreFoundAndEvictedOldestFirst) {
   EXPECT_EQ(pool->Allocate().value(), fresh);
 }
 
-TEST(EnginePool, DuplicateKeyStaysPrivateAndDropUnreferencedEmptiesTheMap) {
+TEST(KvPoolTest, DuplicateKeyStaysPrivateAndDropUnreferencedEmptiesTheMap) {
   auto pool = KvPool::Create(TinyLayout(), 2).value();
   BlockId a = pool->Allocate().value(), b = pool->Allocate().value();
   ASSERT_TRUE(pool->Register(a, Key(5), 0));
@@ -70,7 +71,7 @@ TEST(EnginePool, DuplicateKeyStaysPrivateAndDropUnreferencedEmptiesTheMap) {
   EXPECT_TRUE(pool->Allocate().ok());
 }
 
-TEST(EnginePool, RejectsBadLayouts) {
+TEST(KvPoolTest, RejectsBadLayouts) {
   KvLayout l = TinyLayout();
   l.dtype = DType::kBf16;
   EXPECT_EQ(KvPool::Create(l, 4).status().code(), StatusCode::kInvalidArgument);

@@ -17,12 +17,12 @@ namespace kvtier::remote {
 namespace {
 
 using testing::BlockBytes;
+using testing::Key;
 using testing::RedisCluster;
 using testing::RedisMissingReason;
 using testing::RedisReplyText;
 using testing::RedisServer;
 using testing::SmallLayout;
-using testing::SpreadKey;
 
 struct Round {
   std::vector<Status> put, got;
@@ -39,7 +39,7 @@ Round PutGet(RemoteTier& tier, size_t n, uint64_t salt) {
   std::vector<ConstBlock> blocks;
   std::vector<MutableBlock> spans;
   for (size_t i = 0; i < n; ++i) {
-    keys.push_back(SpreadKey(i, salt));
+    keys.push_back(Key(i, salt));
     data.push_back(BlockBytes(keys.back(), tier.block_bytes()));
     out.emplace_back(tier.block_bytes());
   }
@@ -123,8 +123,7 @@ TEST_F(RemoteClusterTest, SpreadsKeysOverEveryMasterAndRoundTrips) {
     EXPECT_GT(std::atoi(size->text.c_str()), 50) << "node " << n;
   }
   // Exists and Erase route the same way.
-  std::vector<BlockKey> keys = {SpreadKey(0, 1), SpreadKey(1, 1), SpreadKey(2, 1),
-                                SpreadKey(999, 1)};
+  std::vector<BlockKey> keys = {Key(0, 1), Key(1, 1), Key(2, 1), Key(999, 1)};
   bool exists[4];
   ASSERT_TRUE(tier->Exists(keys, exists).ok());
   EXPECT_TRUE(exists[0] && exists[1] && exists[2]);
@@ -139,11 +138,11 @@ TEST_F(RemoteClusterTest, FollowsAskAndMovedDuringASlotMigration) {
   auto tier = OpenTier(o);
   ASSERT_NE(tier, nullptr);
   // Two block keys in one hash slot.
-  BlockKey k1 = SpreadKey(0, 2);
+  BlockKey k1 = Key(0, 2);
   int slot = KeyHashSlot(RedisKeyOf(o.key_prefix, k1));
   BlockKey k2;
   for (uint64_t i = 1;; ++i) {
-    k2 = SpreadKey(i, 2);
+    k2 = Key(i, 2);
     if (KeyHashSlot(RedisKeyOf(o.key_prefix, k2)) == slot) break;
   }
   const std::string r1 = RedisKeyOf(o.key_prefix, k1);
