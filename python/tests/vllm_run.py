@@ -135,7 +135,8 @@ def serve(spec: dict) -> None:
       KVTIER_READY {...}              after the engine started and ran a warm-up batch
       stdin "batch N" -> KVTIER_BATCH {"round": N, "tokens_per_s": x, "seconds": s,
                                        "hook_seconds": h}   (h: time in the connector's hooks)
-      stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}}, after the saves
+      stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}, "saver_nice": [...]},
+                         after the saves
     """
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -169,7 +170,9 @@ def serve(spec: dict) -> None:
                 hooks.wait_saves(30.0)
                 doc = {"hook_calls": dict(hooks.HOOK_CALLS),
                        "hook_seconds": dict(hooks.HOOK_SECONDS_BY_NAME),
-                       "counters": hooks.connector_counters()}
+                       "counters": hooks.connector_counters(),
+                       "saver_nice": [os.getpriority(os.PRIO_PROCESS, s._thread.native_id)
+                                      for s in hooks._savers.values()]}
             say("KVTIER_DONE", doc)
             break
 
