@@ -35,9 +35,11 @@ from kvtier._kvtier import (  # noqa: F401
     Unavailable,
     checksum64,
     default_socket_path,
+    gather_pages,
     hash_prefix,
     layout_preset,
     layout_preset_names,
+    scatter_pages,
 )
 
 __all__ = [
@@ -62,12 +64,14 @@ __all__ = [
     "checksum64",
     "default_socket_path",
     "disk_tier",
+    "gather_pages",
     "hash_prefix",
     "host_tier",
     "layout_preset",
     "layout_preset_names",
     "open_cache",
     "parse_bytes",
+    "scatter_pages",
 ]
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,

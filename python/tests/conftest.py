@@ -34,6 +34,8 @@ def pytest_sessionfinish(session, exitstatus):
            "hit_tokens_vllm": SUMMARY.get("hit_tokens_vllm"),
            "hit_tokens_kvtier": SUMMARY.get("hit_tokens_kvtier"),
            "ttft_turn2_s": SUMMARY.get("ttft_turn2_s"),
-           "miss_throughput_ratio": SUMMARY.get("miss_throughput_ratio")}
+           "miss_throughput_ratio": SUMMARY.get("miss_throughput_ratio"),
+           "miss_rounds": SUMMARY.get("miss_rounds"),
+           "miss_hook_share": SUMMARY.get("miss_hook_share")}
     with open(path, "w") as f:
         json.dump(doc, f)

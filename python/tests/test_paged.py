@@ -105,3 +105,116 @@ def test_layer_order_is_numeric():
     names = ["model.layers.10.self_attn.attn", "model.layers.2.self_attn.attn",
              "model.layers.0.self_attn.attn"]
     assert layer_order(names) == [names[2], names[1], names[0]]
+
+
+# ---- kvtier.gather_pages / scatter_pages directly: one C++ call for many blocks.
+
+
+def reference_gather(paged, page_ids, n):
+    """The pure-torch gather PagedKv used before gather_pages (per layer index_select)."""
+    out = paged.staging(n)
+    r, P = paged.ratio, paged.page_tokens
+    ids = torch.tensor(page_ids)
+    for li, layer in enumerate(paged.layers):
+        src = paged.pages(layer).index_select(0, ids)  # [n*r, H, P, 2, D]
+        src = src.view(n, r, *src.shape[1:]).permute(0, 4, 1, 3, 2, 5)  # [n, 2, r, P, H, D]
+        out[:, li].view(n, 2, r, P, *out.shape[4:]).copy_(src)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["fused", "split"])
+def test_gather_pages_matches_the_torch_reference_for_many_blocks(kind):
+    torch.manual_seed(2)
+    shape = (N, H, P, 2 * D) if kind == "fused" else (2, N, H, P, D)
+    layers = [torch.randn(*shape) for _ in range(L)]
+    paged = PagedKv(layers, layout(), P)
+    ids = [9, 0, 3, 3, 5, 1, 8, 2]  # two blocks; a page may repeat
+    want = reference_gather(paged, ids, 2)
+    for form in (ids, torch.tensor(ids), torch.tensor(ids, dtype=torch.int32)):
+        out = paged.staging(2)
+        kvtier.gather_pages(layers, form, out, layout(), P, kind)
+        assert torch.equal(out, want)
+
+
+def test_scatter_pages_round_trips_many_blocks_with_skip():
+    torch.manual_seed(3)
+    src_layers = [torch.randn(N, H, P, 2 * D) for _ in range(L)]
+    blocks = torch.empty(2, L, 2, 64, H, D)
+    kvtier.gather_pages(src_layers, [0, 1, 2, 3, 4, 5, 6, 7], blocks, layout(), P)
+    dst_layers = [torch.zeros_like(t) for t in src_layers]
+    kvtier.scatter_pages(blocks, dst_layers, [2, 3, 4, 5, 6, 7], layout(), P, skip=2)
+    for s, d in zip(src_layers, dst_layers):
+        assert torch.equal(s[2:8], d[2:8])
+        assert not d[:2].any() and not d[8:].any()
+
+
+def test_gather_pages_refuses_wrong_sizes_with_a_value_error_and_copies_nothing():
+    layers = fused_layers()
+    lay = layout()
+    out = torch.full((1, L, 2, 64, H, D), -1.0)
+    cases = [
+        (dict(page_ids=[0, 1, 2]), "3 page ids for 1 blocks of 4 pages"),
+        (dict(page_ids=[0, 1, 2, N]), "page id 10 .* outside layer 0's 10 pages"),
+        (dict(page_ids=[0, 1, -1, 2]), "page id -1"),
+        (dict(out=torch.empty(100)), "not a whole number of"),
+        (dict(out=torch.empty(2, L, 2, 64, H, D)[:, :, :, ::2]), "not C-contiguous"),
+        (dict(layers=layers[:2]), "2 layer arrays for a layout of 3 layers"),
+        (dict(layers=[t.half() for t in layers]), "2-byte elements"),
+        (dict(layers=[t[:, :, :8] for t in layers]), "not the 'fused' layout"),
+        (dict(layers=[t.transpose(0, 1) for t in layers]), "not the 'fused' layout"),
+        (dict(kind="paged"), "page layout 'paged'"),
+        (dict(page_tokens=24), "not a whole number of 24-token pages"),
+        (dict(page_ids="0123"), "page ids"),
+    ]
+    for change, message in cases:
+        args = dict(layers=layers, page_ids=[0, 1, 2, 3], out=out, layout=lay, page_tokens=P,
+                    kind="fused")
+        args.update(change)
+        with pytest.raises(ValueError, match=message):
+            kvtier.gather_pages(**args)
+        assert (out == -1).all(), f"{message}: out was written"
+    # A non-contiguous layer of the right shape.
+    strided = [torch.empty(N, H, 2 * D, P).transpose(2, 3) for _ in range(L)]
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        kvtier.gather_pages(strided, [0, 1, 2, 3], out, lay, P)
+
+
+def test_scatter_pages_refuses_wrong_sizes_and_writes_nothing():
+    layers = [torch.zeros(N, H, P, 2 * D) for _ in range(L)]
+    src = torch.ones(1, L, 2, 64, H, D)
+    with pytest.raises(ValueError, match="skip 5 > the 4 pages"):
+        kvtier.scatter_pages(src, layers, [], layout(), P, skip=5)
+    with pytest.raises(ValueError, match="4 page ids for the 3 pages of src after skip 1"):
+        kvtier.scatter_pages(src, layers, [0, 1, 2, 3], layout(), P, skip=1)
+    with pytest.raises(ValueError, match="page id 12"):
+        kvtier.scatter_pages(src, layers, [0, 1, 2, 12], layout(), P)
+    with pytest.raises(ValueError, match="not a whole number"):
+        kvtier.scatter_pages(torch.ones(7), layers, [0], layout(), P)
+    assert not any(t.any() for t in layers)
+
+
+def test_gather_pages_releases_the_gil():
+    import threading
+
+    big = kvtier.KvLayout(num_layers=8, num_kv_heads=8, head_dim=128, dtype="fp32",
+                          block_tokens=64)
+    layers = [torch.randn(64, 8, 16, 256) for _ in range(8)]
+    out = torch.empty(16, 8, 2, 64, 8, 128)  # 16 blocks = 64 pages, 64 MiB
+    ids = list(range(64))
+    inside = 0
+    running = threading.Event()
+    finished = threading.Event()
+
+    def gather():
+        running.set()
+        for _ in range(5):
+            kvtier.gather_pages(layers, ids, out, big, 16)
+        finished.set()
+
+    t = threading.Thread(target=gather)
+    t.start()
+    running.wait()
+    while not finished.is_set():
+        inside += 1
+    t.join()
+    assert inside > 1000, f"only {inside} main-thread iterations during the gathers"

@@ -2,12 +2,12 @@
 
     python vllm_run.py make-model DIR
     python vllm_run.py run SPEC_JSON
+    python vllm_run.py serve SPEC_JSON   (the 0%-hit throughput, driven over stdin; see serve())
 
 A run drives vLLM offline on token ids (no tokenizer, no hub), greedy, eager. SPEC_JSON:
   model: the model folder; prefix_caching: bool; kvtier: null or the connector's extra config;
-  phases: in order, "conversation" (turn 1, then turn 2 = turn 1 + its output + new tokens,
-  repeated `passes` times; vLLM's counters are read right after it) and "misses" (distinct
-  prompts, throughput measured after a warm-up).
+  phases: "conversation" (turn 1, then turn 2 = turn 1 + its output + new tokens, repeated
+  `passes` times; vLLM's counters are read right after it).
 """
 
 import json
@@ -65,9 +65,8 @@ def metric_sum(llm, name: str) -> float:
     return total
 
 
-def run(spec: dict) -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def make_llm(spec: dict):
+    from vllm import LLM
 
     kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
               block_size=BLOCK_SIZE, max_model_len=4096, max_num_seqs=8,
@@ -84,14 +83,21 @@ def run(spec: dict) -> dict:
                                     "kv_role": "kv_both", "kv_connector_extra_config": extra}
     t0 = time.perf_counter()
     llm = LLM(**kw)
-    out = {"pid": os.getpid(), "start_s": round(time.perf_counter() - t0, 2)}
+    return llm, round(time.perf_counter() - t0, 2)
 
-    def generate(prompts, max_tokens):
-        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                            detokenize=False)
-        res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
-                           use_tqdm=False)
-        return res
+
+def generate(llm, prompts, max_tokens):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                        detokenize=False)
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+
+
+def run(spec: dict) -> dict:
+    llm, start_s = make_llm(spec)
+    out = {"pid": os.getpid(), "start_s": start_s}
 
     def counters():
         return {"vllm_external_hits": metric_sum(llm, "vllm:external_prefix_cache_hits"),
@@ -103,43 +109,79 @@ def run(spec: dict) -> dict:
             turn1 = tokens(1, spec.get("turn1_tokens", 600))
             passes = []
             for _ in range(spec.get("passes", 1)):
-                r1 = generate([turn1], 24)[0]
+                r1 = generate(llm, [turn1], 24)[0]
                 o1 = list(r1.outputs[0].token_ids)
                 turn2 = turn1 + o1 + tokens(2, 150)
-                r2 = generate([turn2], 24)[0]
+                r2 = generate(llm, [turn2], 24)[0]
                 o2 = list(r2.outputs[0].token_ids)
                 ttft = [getattr(r.metrics, "first_token_latency", None) for r in (r1, r2)]
                 passes.append({"turn1": o1, "turn2": o2, "ttft_s": ttft,
                                "turn2_prompt_tokens": len(turn2)})
             out["passes"] = passes
             out.update(counters())
-        elif phase == "misses":
-            # Distinct prompts (0% hits anywhere); throughput after a warm-up batch.
-            generate([tokens(1000 + i, 500) for i in range(4)], 8)
-            # Best of three batches: the machine is shared, and a slow moment is not the connector.
-            hooks = sys.modules.get("kvtier.integrations.vllm")
-            best, share = 0.0, None
-            for rep in range(3):
-                prompts = [tokens(2000 + 100 * rep + i, 500) for i in range(spec.get("requests", 8))]
-                h0 = hooks.HOOK_SECONDS[0] if hooks else 0.0
-                t = time.perf_counter()
-                res = generate(prompts, 16)
-                dt = time.perf_counter() - t
-                n = sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, res))
-                if n / dt > best:
-                    best = n / dt
-                    # The connector's share of the batch's time, measured in this process.
-                    share = (hooks.HOOK_SECONDS[0] - h0) / dt if hooks else None
-            out["miss_tokens_per_s"] = best
-            out["miss_connector_share"] = share
-            if hooks:
-                out["hook_seconds"] = dict(hooks.HOOK_SECONDS_BY_NAME)
     return out
+
+
+def miss_prompts(round_no: int, n: int) -> list[list[int]]:
+    """Round round_no's distinct 500-token prompts: no prefix shared with any other prompt."""
+    return [tokens(2000 + 100 * round_no + i, 500) for i in range(n)]
+
+
+def serve(spec: dict) -> None:
+    """The 0%-hit workload, one batch per command, so a parent can measure two processes (with
+    and without the connector) in alternating rounds on a shared machine.
+
+    Protocol lines go to the original stdout (everything else printed goes to stderr):
+      KVTIER_READY {...}              after the engine started and ran a warm-up batch
+      stdin "batch N" -> KVTIER_BATCH {"round": N, "tokens_per_s": x, "seconds": s,
+                                       "hook_seconds": h}   (h: time in the connector's hooks)
+      stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}, "saver_nice": [...]},
+                         after the saves
+    """
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(tag, doc):
+        proto.write(f"{tag} {json.dumps(doc)}\n")
+        proto.flush()
+
+    llm, start_s = make_llm(spec)
+    n = spec.get("requests", 8)
+    generate(llm, [tokens(1000 + i, 500) for i in range(n)], 16)  # warm-up
+    hooks = sys.modules.get("kvtier.integrations.vllm")
+    say("KVTIER_READY", {"pid": os.getpid(), "start_s": start_s, "connector": hooks is not None})
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "batch":
+            prompts = miss_prompts(int(cmd[1]), n)
+            h0 = hooks.HOOK_SECONDS[0] if hooks else 0.0
+            t = time.perf_counter()
+            res = generate(llm, prompts, 16)
+            dt = time.perf_counter() - t
+            done = sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, res))
+            say("KVTIER_BATCH", {"round": int(cmd[1]), "tokens_per_s": done / dt, "seconds": dt,
+                                 "hook_seconds": (hooks.HOOK_SECONDS[0] - h0) if hooks else 0.0})
+        elif cmd[0] == "quit":
+            doc = {"hook_calls": {}, "counters": {}}
+            if hooks:
+                hooks.wait_saves(30.0)
+                doc = {"hook_calls": dict(hooks.HOOK_CALLS),
+                       "hook_seconds": dict(hooks.HOOK_SECONDS_BY_NAME),
+                       "counters": hooks.connector_counters(),
+                       "saver_nice": [os.getpriority(os.PRIO_PROCESS, s._thread.native_id)
+                                      for s in hooks._savers.values()]}
+            say("KVTIER_DONE", doc)
+            break
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "make-model":
         make_model(sys.argv[2])
+    elif sys.argv[1] == "serve":
+        serve(json.loads(sys.argv[2]))
     else:
         result = run(json.loads(sys.argv[2]))
         print("KVTIER_RUN " + json.dumps(result), flush=True)

@@ -3,7 +3,8 @@
 An engine keeps one tensor per layer, paged in blocks of `page_tokens`; a kvtier block of
 `layout.block_tokens` tokens spans `ratio = block_tokens / page_tokens` pages of every layer.
 gather() copies pages into kvtier's block byte order (doc/layout.md: per layer, K[tokens][heads]
-[head_dim] then V), scatter() copies back. The layout of the tensors is found from their shapes;
+[head_dim] then V), scatter() copies back; both are one C++ call (kvtier.gather_pages /
+scatter_pages) for any number of blocks, with the GIL released. The layout of the tensors is found from their shapes;
 an unknown one is refused with a ValueError naming it.
 
 Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
@@ -81,19 +82,13 @@ class PagedKv:
         return torch.empty((n, L.num_layers, 2, L.block_tokens, L.num_kv_heads, L.head_dim),
                            dtype=self.layers[0].dtype, device=self.layers[0].device)
 
-    def gather(self, page_ids: torch.Tensor, out: torch.Tensor) -> None:
-        """out[i] <- pages page_ids[i*ratio:(i+1)*ratio] of every layer."""
-        n, r, P = out.shape[0], self.ratio, self.page_tokens
-        for li, layer in enumerate(self.layers):
-            src = self.pages(layer).index_select(0, page_ids)  # [n*r, H, P, 2, D]
-            src = src.view(n, r, *src.shape[1:]).permute(0, 4, 1, 3, 2, 5)  # [n, 2, r, P, H, D]
-            out[:, li].view(n, 2, r, P, *out.shape[4:]).copy_(src)
+    def gather(self, page_ids, out: torch.Tensor) -> None:
+        """out[i] <- pages page_ids[i*ratio:(i+1)*ratio] of every layer (kvtier.gather_pages:
+        one C++ call for all blocks, GIL released). page_ids: a list of ints or an int tensor."""
+        kvtier.gather_pages(self.layers, page_ids, out, self.layout, self.page_tokens, self.kind)
 
-    def scatter(self, src: torch.Tensor, page_ids: torch.Tensor, skip: int = 0) -> None:
-        """Pages page_ids <- src's pages from the skip-th on (src: [n, layers, 2, tokens, H, D])."""
-        L, n, r, P = self.layout, src.shape[0], self.ratio, self.page_tokens
-        H, D = L.num_kv_heads, L.head_dim
-        for li, layer in enumerate(self.layers):
-            s = src[:, li].view(n, 2, r, P, H, D).permute(0, 2, 4, 3, 1, 5)
-            s = s.reshape(n * r, H, P, 2, D)[skip:]
-            self.pages(layer).index_copy_(0, page_ids, s)  # writes through the view
+    def scatter(self, src: torch.Tensor, page_ids, skip: int = 0) -> None:
+        """Pages page_ids <- src's pages from the skip-th on (src: [n, layers, 2, tokens, H, D];
+        kvtier.scatter_pages)."""
+        kvtier.scatter_pages(src, self.layers, page_ids, self.layout, self.page_tokens,
+                             self.kind, skip)

@@ -21,6 +21,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,7 @@ class _Counters:
 # counted): the part of a step that is the connector's, measured where it runs.
 HOOK_SECONDS = [0.0]
 HOOK_SECONDS_BY_NAME: dict[str, float] = {}
+HOOK_CALLS: dict[str, int] = {}
 
 
 def _timed(fn):
@@ -140,27 +142,45 @@ def _timed(fn):
             dt = time.perf_counter() - t0
             HOOK_SECONDS[0] += dt
             HOOK_SECONDS_BY_NAME[fn.__name__] = HOOK_SECONDS_BY_NAME.get(fn.__name__, 0.0) + dt
+            HOOK_CALLS[fn.__name__] = HOOK_CALLS.get(fn.__name__, 0) + 1
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper
 
 
+def _lower_priority(nice: int | None) -> None:
+    """Sets the calling thread's nice level (Linux: per thread), so the connector's background
+    work yields the CPU to vLLM's forward pass. Never fatal: a level the process may not take
+    (below its own, without privilege) is left as it is."""
+    if nice is None or not hasattr(os, "setpriority"):
+        return
+    try:
+        tid = threading.get_native_id()
+        if nice > os.getpriority(os.PRIO_PROCESS, tid) or os.geteuid() == 0:
+            os.setpriority(os.PRIO_PROCESS, tid, int(nice))
+    except OSError as e:
+        logger.info("kvtier: cannot set the background thread's nice level to %s (%s)", nice, e)
+
+
 class _Saver:
     """Stores blocks into kvtier on a thread of its own, so a step does not wait for the tiers
-    (the SSD write-through above all): the step only copies its pages into a staging tensor.
+    (the SSD write-through above all): the step only copies its pages into a staging buffer,
+    one copy for all of the step's blocks (kvtier.gather_pages).
 
     One per KvCache (both connector halves of a process find it through _saver_for). A lookup
     whose own keys are still being saved waits for them (bounded), so a prompt never misses the
     blocks its previous turn just produced; other lookups never wait. The queue is bounded: when
-    full, a batch is dropped (a later miss), never memory without bound.
+    full, a step's batch is dropped (a later miss), never memory without bound. The thread runs
+    at nice level `nice` (config saver_nice).
     Thread-safety: all methods may be called from any thread.
     """
 
-    MAX_PENDING = 64  # batches
+    MAX_PENDING = 64  # batches (one per step)
 
-    def __init__(self, cache: kvtier.KvCache):
+    def __init__(self, cache: kvtier.KvCache, nice: int | None = 10):
         self._cache = cache
+        self._nice = nice
         self._cond = threading.Condition()
         self._queue: list = []
         self._pending: dict[tuple[int, int], int] = {}
@@ -170,22 +190,29 @@ class _Saver:
         self._thread.start()
         atexit.register(self.wait_idle, 30.0)
 
-    def put(self, item: tuple) -> bool:
-        """item: (keys, staging, first_block, tenant, lora_id, done(result, error))."""
+    @staticmethod
+    def _keys(batch):
+        return [k for entry in batch for k in entry[0]]
+
+    def put(self, batch: list, done) -> bool:
+        """batch: [(keys, blocks, first_block, tenant, lora_id)], stored in order; then
+        done([(result, error)] one per entry) runs on the saver's thread."""
         with self._cond:
             if len(self._queue) >= self.MAX_PENDING:
                 self.dropped += 1
                 return False
-            self._queue.append(item)
-            for k in item[0]:
+            self._queue.append((batch, done))
+            for k in self._keys(batch):
                 self._pending[k] = self._pending.get(k, 0) + 1
             self._cond.notify_all()
             return True
 
     def wait_for(self, keys, timeout: float) -> bool:
         """Waits until no key of keys is still being saved; False when timeout ran out."""
-        deadline = time.monotonic() + timeout
         with self._cond:
+            if not self._pending or not any(k in self._pending for k in keys):
+                return True
+            deadline = time.monotonic() + timeout
             while any(k in self._pending for k in keys):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -204,25 +231,30 @@ class _Saver:
             return True
 
     def _run(self) -> None:
+        _lower_priority(self._nice)
         while True:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                item = self._queue.pop(0)
+                batch, done = self._queue.pop(0)
                 self._busy = True
-            keys, staging, first_block, tenant, lora_id, done = item
-            result, error = None, None
+            results = []
+            for keys, blocks, first_block, tenant, lora_id in batch:
+                result, error = None, None
+                try:
+                    result = self._cache.store_keys(
+                        [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
+                        first_block=first_block, tenant=tenant, lora_id=lora_id)
+                except kvtier.KvtierError as e:
+                    error = e
+                results.append((result, error))
             try:
-                result = self._cache.store_keys([kvtier.BlockKey(hi, lo) for hi, lo in keys],
-                                                staging, first_block=first_block, tenant=tenant,
-                                                lora_id=lora_id)
-            except kvtier.KvtierError as e:
-                error = e
-            try:
-                done(result, error)
+                done(results)
+            except Exception:  # noqa: BLE001 - a bug in a callback must not stop the saver
+                logger.exception("kvtier: save completion failed")
             finally:
                 with self._cond:
-                    for k in keys:
+                    for k in self._keys(batch):
                         n = self._pending.pop(k) - 1
                         if n:
                             self._pending[k] = n
@@ -230,16 +262,118 @@ class _Saver:
                     self._cond.notify_all()
 
 
+class _StagingPool:
+    """Staging buffers for a worker's saves, reused across steps: a step takes one (big enough
+    for all its blocks), the saver gives it back once stored. Steps overlap with the saves of
+    earlier ones, so a few are in use at once; at most KEEP idle ones are kept.
+    Thread-safety: take and give may be called from any thread."""
+
+    KEEP = 4
+
+    def __init__(self, paged: PagedKv):
+        self._paged = paged
+        self._lock = threading.Lock()
+        self._free: list[torch.Tensor] = []
+
+    def take(self, n: int) -> torch.Tensor:
+        with self._lock:
+            fits = [b for b in self._free if b.shape[0] >= n]
+            if fits:
+                buf = min(fits, key=lambda b: b.shape[0])
+                self._free.remove(buf)
+                return buf
+        return self._paged.staging(max(n, 8))
+
+    def give(self, buf: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
+            if len(self._free) > self.KEEP:
+                self._free.remove(min(self._free, key=lambda b: b.shape[0]))
+
+
+class _StatsWriter:
+    """Writes connectors' stats files on a background thread (one per process), never on vLLM's
+    step: a hook only marks its connector dirty. Writes are coalesced (at most one per
+    connector every MIN_INTERVAL_S); flush() writes what is pending at once (shutdown, exit).
+    Thread-safety: all methods may be called from any thread."""
+
+    MIN_INTERVAL_S = 0.05
+
+    def __init__(self, nice: int | None):
+        self._cond = threading.Condition()
+        self._dirty: dict[int, "KvtierConnector"] = {}
+        self._thread = threading.Thread(target=self._run, args=(nice,),
+                                        name="kvtier-stats", daemon=True)
+        self._thread.start()
+        atexit.register(self.flush)
+
+    def mark(self, connector: "KvtierConnector") -> None:
+        with self._cond:
+            self._dirty[id(connector)] = connector
+            self._cond.notify()
+
+    def flush(self) -> None:
+        """Waits for the saves in flight (their counters), then writes what is pending."""
+        wait_saves(30.0)
+        with self._cond:
+            pending, self._dirty = list(self._dirty.values()), {}
+        for c in pending:
+            c._write_stats()
+
+    def _run(self, nice) -> None:
+        _lower_priority(nice)
+        while True:
+            with self._cond:
+                while not self._dirty:
+                    self._cond.wait()
+                pending, self._dirty = list(self._dirty.values()), {}
+            for c in pending:
+                try:
+                    c._write_stats()
+                except Exception:  # noqa: BLE001 - stats are best effort
+                    logger.exception("kvtier: writing the stats file failed")
+            time.sleep(self.MIN_INTERVAL_S)
+
+
+_stats_writer: _StatsWriter | None = None
+_CONNECTORS: "weakref.WeakSet[KvtierConnector]" = weakref.WeakSet()
+
+
+def _stats_writer_for(nice: int | None) -> _StatsWriter:
+    global _stats_writer
+    with _savers_lock:
+        if _stats_writer is None:
+            _stats_writer = _StatsWriter(nice)
+        return _stats_writer
+
+
+def connector_counters() -> dict[str, int]:
+    """The counters of every connector alive in this process, summed (tests, diagnostics)."""
+    total: dict[str, int] = {}
+    for c in list(_CONNECTORS):
+        with c._counters.lock:
+            for k, v in c._counters.values.items():
+                total[k] = total.get(k, 0) + v
+    return total
+
+
+def wait_saves(timeout: float = 30.0) -> bool:
+    """Waits until every saver of this process is idle; False when timeout ran out."""
+    with _savers_lock:
+        savers = list(_savers.values())
+    return all(s.wait_idle(timeout) for s in savers)
+
+
 _savers: dict[int, _Saver] = {}
 _open_failures: set[str] = set()  # configs whose cache could not be opened (warned once)
 _savers_lock = threading.Lock()
 
 
-def _saver_for(cache: kvtier.KvCache) -> _Saver:
+def _saver_for(cache: kvtier.KvCache, nice: int | None) -> _Saver:
     with _savers_lock:
         saver = _savers.get(id(cache))
         if saver is None:
-            saver = _Saver(cache)
+            saver = _Saver(cache, nice)
             _savers[id(cache)] = saver
         return saver
 
@@ -261,7 +395,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._ratio = kb // self._vllm_block
         self._layout = self._layout_from(kv_cache_config)
         model = vllm_config.model_config
-        self._config = {k: v for k, v in extra.items() if k not in ("stats_path", "block_tokens")}
+        self._config = {k: v for k, v in extra.items()
+                        if k not in ("stats_path", "block_tokens", "saver_nice")}
         self._config.setdefault("model_id", model.served_model_name or model.model)
         self._config.setdefault("model_revision",
                                 model_fingerprint(model.model, getattr(model, "revision", None)))
@@ -284,14 +419,17 @@ class KvtierConnector(KVConnectorBase_V1):
             self._kv_transfer_config.kv_load_failure_policy = policy
         self._stats_path = extra.get("stats_path")
         self._save_wait_s = float(extra.get("save_wait_s", 5.0))
+        nice = extra.get("saver_nice", 10)
+        self._nice = None if nice is None else int(nice)
         self._counters = _Counters()
         self._warned: set[str] = set()
         self._cache: kvtier.KvCache | None = None
         self._saver: _Saver | None = None
         self._dump_lock = threading.Lock()
+        _CONNECTORS.add(self)
         try:
             self._cache = backends.shared_cache(self._config, self._layout)
-            self._saver = _saver_for(self._cache)
+            self._saver = _saver_for(self._cache, self._nice)
             if isinstance(self._cache, kvtier.Client):
                 self._check_daemon(int(extra.get("connect_wait_ms", 1000)))
         except kvtier.KvtierError as e:
@@ -308,12 +446,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
         self._paged: PagedKv | None = None
+        self._staging: _StagingPool | None = None
         self._load_errors: set[int] = set()
         logger.info("kvtier connector (%s) in pid %d: layout %s, kvtier block %d tokens = %d "
                     "vLLM blocks, model_id %s, revision %s, backend %s", role.name, os.getpid(),
                     self._layout, kb, self._ratio, self._config["model_id"],
                     self._config["model_revision"], self._config.get("backend", "inprocess"))
-        self._dump_stats()
+        self._write_stats()
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -356,9 +495,16 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.warning(message)
 
     def _dump_stats(self) -> None:
+        """Asks for the stats file to be rewritten, on the stats thread (never on the step)."""
+        if self._stats_path:
+            _stats_writer_for(self._nice).mark(self)
+
+    def _write_stats(self) -> None:
         if not self._stats_path:
             return
-        doc = {"pid": os.getpid(), "role": self._role.name, "connector": self._counters.values,
+        with self._counters.lock:
+            counters = dict(self._counters.values)
+        doc = {"pid": os.getpid(), "role": self._role.name, "connector": counters,
                "kvtier": self._cache.stats() if self._cache is not None else None,
                "model_revision": self._config["model_revision"], "vllm": VLLM_VERSION}
         path = f"{self._stats_path}.{self._role.name.lower()}.json"
@@ -485,6 +631,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                   names)
         except ValueError as e:
             raise ValueError(f"kvtier connector: {e}") from None
+        self._staging = _StagingPool(self._paged)
         logger.info("kvtier connector: %d paged KV tensors, layout '%s' %s", len(names),
                     self._paged.kind, list(kv_caches[names[0]].shape))
 
@@ -515,8 +662,7 @@ class KvtierConnector(KVConnectorBase_V1):
         flat = [b for blocks in t.block_ids for b in blocks][t.skip:]
         written = max(0, loaded * self._ratio - t.skip)
         if written:
-            self._paged.scatter(staging[:loaded], torch.tensor(flat[:written], dtype=torch.long),
-                                t.skip)
+            self._paged.scatter(staging[:loaded], flat[:written], t.skip)
         self._load_errors.update(flat[written:])
         self._counters.add(load_blocks=loaded, load_failed_blocks=n - loaded,
                            loaded_tokens=written * self._vllm_block)
@@ -537,28 +683,41 @@ class KvtierConnector(KVConnectorBase_V1):
         if (not isinstance(meta, KvtierConnectorMetadata) or not meta.saves or not self._paged
                 or self._cache is None):
             return
+        # One copy for every block of the step, into a reused staging buffer; after it vLLM
+        # may reuse its pages, and the saver stores the copies while vLLM computes on.
+        n = sum(len(t.keys) for t in meta.saves)
+        buf = self._staging.take(n)
+        staging = buf[:n]
+        self._paged.gather([b for t in meta.saves for blocks in t.block_ids for b in blocks],
+                           staging)
+        batch, off = [], 0
         for t in meta.saves:
-            n = len(t.keys)
-            staging = self._paged.staging(n)
-            ids = torch.tensor([b for blocks in t.block_ids for b in blocks], dtype=torch.long)
-            self._paged.gather(ids, staging)  # after this vLLM may reuse its pages
-            if not self._saver.put((t.keys, staging, t.first_block, t.tenant, t.lora_id,
-                                    lambda r, e, n=n: self._saved(n, r, e))):
-                self._counters.add(save_failed_blocks=n)
-                self._warn_once("save-queue", "kvtier: the save queue is full; dropping blocks "
-                                              "(later requests miss them)")
+            k = len(t.keys)
+            batch.append((t.keys, staging[off:off + k], t.first_block, t.tenant, t.lora_id))
+            off += k
+        if not self._saver.put(batch, lambda results, buf=buf: self._saved(batch, results, buf)):
+            self._staging.give(buf)
+            self._counters.add(save_failed_blocks=n)
+            self._warn_once("save-queue", "kvtier: the save queue is full; dropping blocks "
+                                          "(later requests miss them)")
 
-    def _saved(self, n: int, result, error) -> None:
-        # On the saver's thread.
-        if error is not None:
-            failed = n
-            self._warn_once("store", f"kvtier: store failed ({error})")
-        else:
-            failed = result.failed_blocks
-            if failed:
-                self._warn_once("store", f"kvtier: {failed} blocks not stored "
-                                         f"({result.first_error})")
-        self._counters.add(save_blocks=n - failed, save_failed_blocks=failed)
+    def _saved(self, batch, results, buf) -> None:
+        # On the saver's thread: the staging buffer is free again.
+        self._staging.give(buf)
+        stored = failed = 0
+        for (keys, *_), (result, error) in zip(batch, results):
+            n = len(keys)
+            if error is not None:
+                bad = n
+                self._warn_once("store", f"kvtier: store failed ({error})")
+            else:
+                bad = result.failed_blocks
+                if bad:
+                    self._warn_once("store", f"kvtier: {bad} blocks not stored "
+                                             f"({result.first_error})")
+            stored += n - bad
+            failed += bad
+        self._counters.add(save_blocks=stored, save_failed_blocks=failed)
         self._dump_stats()
 
     @_timed
@@ -569,4 +728,4 @@ class KvtierConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._saver is not None:
             self._saver.wait_idle(30.0)
-        self._dump_stats()
+        self._write_stats()
