@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -184,6 +185,12 @@ Result<RedisReplyText> RunCommand(int port, const std::vector<std::string>& argv
 }
 
 }  // namespace
+
+std::unique_ptr<remote::RemoteTier> OpenRemoteTier(const remote::RemoteTierOptions& o) {
+  Result<std::unique_ptr<remote::RemoteTier>> t = remote::RemoteTier::Open(o);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(*t) : nullptr;
+}
 
 std::string RedisMissingReason(bool cluster) {
   if (FindInPath("redis-server").empty()) {

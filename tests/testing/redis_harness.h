@@ -21,11 +21,15 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "tiers/remote/remote_tier.h"
 
 namespace kvtier::testing {
 
 // A block's bytes derived from its key, so a block served under the wrong key shows.
 std::vector<std::byte> BlockBytes(const BlockKey& key, size_t bytes);
+
+// Opens a remote tier; a failure fails the running test (EXPECT) and gives nullptr.
+std::unique_ptr<remote::RemoteTier> OpenRemoteTier(const remote::RemoteTierOptions& o);
 
 // Empty when redis-server (and, for a cluster, redis-cli) can be run; else why not.
 std::string RedisMissingReason(bool cluster = false);

@@ -83,11 +83,6 @@ class RemoteTierTest : public ::testing::Test {
     o.breaker.max_backoff_ns = 100'000'000;
     return o;
   }
-  std::unique_ptr<RemoteTier> OpenTier(const RemoteTierOptions& o) {
-    Result<std::unique_ptr<RemoteTier>> t = RemoteTier::Open(o);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    return t.ok() ? std::move(*t) : nullptr;
-  }
 
   // Puts blocks for keys 0..n-1 (salt) and returns their contents.
   static std::vector<std::vector<std::byte>> PutKeys(RemoteTier& tier, size_t n, uint64_t salt,
@@ -125,7 +120,7 @@ RedisServer* RemoteTierTest::server_ = nullptr;
 testing::SuiteRedis<RedisServer> RemoteTierTest::shared_;
 
 TEST_F(RemoteTierTest, RoundTripIsByteExactAndCapabilitiesSayShared) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   EXPECT_FALSE(tier->is_cluster());
   TierCapabilities caps = tier->capabilities();
@@ -161,7 +156,7 @@ TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
   RemoteTierOptions o = Options(server_->url());
   o.layout.head_dim = 1024;  // 2 layers * K,V * 2 heads * 1024 * 4 B * 64 tokens = 2 MiB
   o.timeout_ms = 5000;       // a short reply stuck behind a stale low-water mark fails here
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   ASSERT_EQ(tier->block_bytes(), 2u << 20);
   std::vector<Status> put;
@@ -183,7 +178,7 @@ TEST_F(RemoteTierTest, LargeBlocksRoundTripAndPooledConnectionsStayUsable) {
 }
 
 TEST_F(RemoteTierTest, MissesExistsAndErase) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 3, 2, &put);
@@ -206,7 +201,7 @@ TEST_F(RemoteTierTest, MissesExistsAndErase) {
 }
 
 TEST_F(RemoteTierTest, WrongSizedBlockFailsAloneAndNeverReachesRedis) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   std::vector<std::byte> good(tier->block_bytes(), std::byte{1});
   std::vector<std::byte> bad(tier->block_bytes() - 1);
@@ -225,7 +220,7 @@ TEST_F(RemoteTierTest, WrongSizedBlockFailsAloneAndNeverReachesRedis) {
 TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   RemoteTierOptions o = Options(server_->url());
   o.ttl_s = 30;
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 2, 4, &put);
@@ -237,7 +232,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
   EXPECT_GT(secs, 0);
   EXPECT_LE(secs, 30);
   // Without ttl_s values do not expire.
-  auto plain = OpenTier(Options(server_->url()));
+  auto plain = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(plain, nullptr);
   std::vector<Status> put2;
   PutKeys(*plain, 1, 5, &put2);
@@ -247,7 +242,7 @@ TEST_F(RemoteTierTest, TtlIsSetOnEveryValue) {
 }
 
 TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   std::vector<BlockKey> removed;
   tier->SetRemovalListener([&](std::span<const BlockKey> keys) {
@@ -297,7 +292,7 @@ TEST_F(RemoteTierTest, ValueCorruptedInsideRedisIsAMissNotServed) {
 // WRONGTYPE, mapped to Internal and never deleted: EXISTS kept finding it, so the block missed
 // for ever. It is corruption: not served, deleted, reported removed.
 TEST_F(RemoteTierTest, WrongTypeValueIsDroppedLikeCorruption) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   std::vector<BlockKey> removed;
   tier->SetRemovalListener([&](std::span<const BlockKey> keys) {
@@ -324,7 +319,7 @@ TEST_F(RemoteTierTest, ServerAtMaxmemoryRefusesWritesAndServesNothingWrong) {
   so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
   Result<std::unique_ptr<RedisServer>> small = RedisServer::Start(so);
   ASSERT_TRUE(small.ok()) << small.status().ToString();
-  auto tier = OpenTier(Options((*small)->url()));
+  auto tier = testing::OpenRemoteTier(Options((*small)->url()));
   ASSERT_NE(tier, nullptr);
   const size_t n = 400;  // 6.4 MiB of blocks into a 3 MiB server
   std::vector<Status> put;
@@ -357,7 +352,7 @@ TEST_F(RemoteTierTest, AuthWithPasswordAndAclUser) {
   ASSERT_TRUE(secured.ok()) << secured.status().ToString();
   const std::string addr = (*secured)->address();
 
-  auto by_password = OpenTier(Options("redis://:s3cret@" + addr));
+  auto by_password = testing::OpenRemoteTier(Options("redis://:s3cret@" + addr));
   ASSERT_NE(by_password, nullptr);
   std::vector<Status> put;
   PutKeys(*by_password, 2, 8, &put);
@@ -366,11 +361,11 @@ TEST_F(RemoteTierTest, AuthWithPasswordAndAclUser) {
   RemoteTierOptions acl = Options("redis://" + addr);
   acl.user = "alice";
   acl.password = "alicepw";
-  auto by_user = OpenTier(acl);
+  auto by_user = testing::OpenRemoteTier(acl);
   ASSERT_NE(by_user, nullptr);
   std::vector<std::vector<std::byte>> out;
   acl.key_prefix = by_password->options().key_prefix;
-  auto same_prefix = OpenTier(acl);
+  auto same_prefix = testing::OpenRemoteTier(acl);
   ASSERT_NE(same_prefix, nullptr);
   std::vector<Status> got = GetKeys(*same_prefix, 2, 8, &out);
   EXPECT_TRUE(got[0].ok()) << got[0].ToString();
@@ -396,7 +391,7 @@ TEST_F(RemoteTierTest, DeadServerFailsFastThenComesBack) {
   RedisServer& server = **s;
   RemoteTierOptions o = Options(server.url());
   o.timeout_ms = 300;
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 4, 9, &put);
@@ -440,7 +435,7 @@ TEST_F(RemoteTierTest, HungServerIsCutOffAtTheDeadline) {
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   RemoteTierOptions o = Options((*s)->url());
   o.timeout_ms = 200;
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   std::vector<Status> put;
   PutKeys(*tier, 2, 10, &put);
@@ -545,7 +540,7 @@ TEST_F(RemoteTierTest, UnreachableAtOpenUnlessLazy) {
   EXPECT_EQ(t.status().code(), StatusCode::kUnavailable) << t.status().ToString();
   RemoteTierOptions lazy = Options(url);
   lazy.lazy_connect = true;
-  auto tier = OpenTier(lazy);
+  auto tier = testing::OpenRemoteTier(lazy);
   ASSERT_NE(tier, nullptr);
   std::vector<std::vector<std::byte>> out;
   std::vector<Status> got = GetKeys(*tier, 1, 11, &out);
@@ -560,7 +555,7 @@ TEST_F(RemoteTierTest, UnreachableAtOpenUnlessLazy) {
 }
 
 TEST_F(RemoteTierTest, ConcurrentCallersSeeTheirOwnBytes) {
-  auto tier = OpenTier(Options(server_->url()));
+  auto tier = testing::OpenRemoteTier(Options(server_->url()));
   ASSERT_NE(tier, nullptr);
   std::vector<std::thread> threads;
   std::atomic<int> bad{0};

@@ -91,11 +91,6 @@ class RemoteClusterTest : public ::testing::Test {
     o.breaker.max_backoff_ns = 100'000'000;
     return o;
   }
-  std::unique_ptr<RemoteTier> OpenTier(const RemoteTierOptions& o) {
-    Result<std::unique_ptr<RemoteTier>> t = RemoteTier::Open(o);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
-    return t.ok() ? std::move(*t) : nullptr;
-  }
   static std::string MyId(int node) {
     Result<RedisReplyText> id = cluster_->node(node).Command({"CLUSTER", "MYID"});
     return id.ok() ? id->text : "";
@@ -108,7 +103,7 @@ RedisCluster* RemoteClusterTest::cluster_ = nullptr;
 testing::SuiteRedis<RedisCluster> RemoteClusterTest::shared_;
 
 TEST_F(RemoteClusterTest, SpreadsKeysOverEveryMasterAndRoundTrips) {
-  auto tier = OpenTier(Options());
+  auto tier = testing::OpenRemoteTier(Options());
   ASSERT_NE(tier, nullptr);
   EXPECT_TRUE(tier->is_cluster());
   EXPECT_EQ(tier->remote_stats().nodes, 3);
@@ -135,7 +130,7 @@ TEST_F(RemoteClusterTest, SpreadsKeysOverEveryMasterAndRoundTrips) {
 
 TEST_F(RemoteClusterTest, FollowsAskAndMovedDuringASlotMigration) {
   RemoteTierOptions o = Options();
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   // Two block keys in one hash slot.
   BlockKey k1 = Key(0, 2);
@@ -209,7 +204,7 @@ TEST_F(RemoteClusterTest, FollowsAskAndMovedDuringASlotMigration) {
 TEST_F(RemoteClusterTest, KilledMasterCostsOnlyItsKeysAndComesBack) {
   RemoteTierOptions o = Options();
   o.timeout_ms = 400;
-  auto tier = OpenTier(o);
+  auto tier = testing::OpenRemoteTier(o);
   ASSERT_NE(tier, nullptr);
   const size_t n = 60;
   const auto slack = std::chrono::milliseconds(o.timeout_ms + 400);
