@@ -12,6 +12,7 @@
 namespace kvtier {
 
 void CopyBlock(void* dst, const void* src, size_t n) {
+  if (n == 0) return;  // an empty buffer's pointer may be null, which memcpy must not be given
 #if defined(__SSE2__)
   constexpr size_t kStreamMin = 64 * 1024;
   if (n < kStreamMin) {
