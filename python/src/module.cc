@@ -324,6 +324,14 @@ void CheckPageIds(const PagedGeometry& g, const std::vector<int64_t>& ids, const
                      std::to_string(g.layers[l].pages) + " pages");
 }
 
+// How many whole blocks `bytes` holds; ValueError naming `what` when it is not a whole number.
+uint64_t WholeBlocks(const PagedGeometry& g, size_t bytes, const std::string& what) {
+  if (bytes % g.block_bytes != 0)
+    RaiseInvalid(what + " has " + std::to_string(bytes) + " bytes, not a whole number of " +
+                 std::to_string(g.block_bytes) + "-byte blocks");
+  return bytes / g.block_bytes;
+}
+
 // Copies page j of the blocks' page sequence (block j / ratio, its (j % ratio)-th page) between
 // the block buffer and the engine page `page`, every layer. to_blocks: engine -> blocks.
 void CopyPage(const PagedGeometry& g, std::byte* blocks, uint64_t j, int64_t page, bool to_blocks) {
@@ -485,11 +493,7 @@ NB_MODULE(_kvtier, m) {
         PagedGeometry g =
             Geometry<AnyConstArray>(layers, layout, page_tokens, kind, "gather_pages");
         auto dst = BytesOf(out, "gather_pages: out");
-        if (dst.size() % g.block_bytes != 0)
-          RaiseInvalid("gather_pages: out has " + std::to_string(dst.size()) +
-                       " bytes, not a whole number of " + std::to_string(g.block_bytes) +
-                       "-byte blocks");
-        const uint64_t n = dst.size() / g.block_bytes;
+        const uint64_t n = WholeBlocks(g, dst.size(), "gather_pages: out");
         std::vector<int64_t> ids = PageIds(page_ids, "gather_pages");
         if (ids.size() != n * g.ratio)
           RaiseInvalid("gather_pages: " + std::to_string(ids.size()) + " page ids for " +
@@ -510,11 +514,7 @@ NB_MODULE(_kvtier, m) {
          uint32_t page_tokens, const std::string& kind, uint32_t skip) {
         PagedGeometry g = Geometry<AnyArray>(layers, layout, page_tokens, kind, "scatter_pages");
         auto from = BytesOf(src, "scatter_pages: src");
-        if (from.size() % g.block_bytes != 0)
-          RaiseInvalid("scatter_pages: src has " + std::to_string(from.size()) +
-                       " bytes, not a whole number of " + std::to_string(g.block_bytes) +
-                       "-byte blocks");
-        const uint64_t pages = from.size() / g.block_bytes * g.ratio;
+        const uint64_t pages = WholeBlocks(g, from.size(), "scatter_pages: src") * g.ratio;
         if (skip > pages)
           RaiseInvalid("scatter_pages: skip " + std::to_string(skip) + " > the " +
                        std::to_string(pages) + " pages of src");

@@ -162,7 +162,7 @@ class Reader {
                         const KvLayout& layout) const {
     std::string key;
     Status st;
-    if (t->kind == "host" || t->kind == "emulated_device") {
+    if (IsHostArenaKind(t->kind)) {
       auto r = HostParamsOf(*t, &key);  // names the kind: host or emulated_device
       if (r.ok()) t->host = *r;
       st = r.status();

@@ -288,7 +288,7 @@ Status DiskTierParams::Validate() const { return Validated(DiskTable(), *this); 
 Status RemoteTierParams::Validate() const { return Validated(RemoteTable(), *this); }
 
 std::vector<std::string> TierParamKeys(std::string_view kind) {
-  if (kind == "host" || kind == "emulated_device") return Keys(HostTable());
+  if (IsHostArenaKind(kind)) return Keys(HostTable());
   if (kind == "disk") return Keys(DiskTable());
   if (kind == "remote") return Keys(RemoteTable());
   return {};
@@ -305,8 +305,8 @@ Result<RemoteTierParams> ReadRemoteTierParams(const ParamMap& params, std::strin
 }
 
 Result<HostTierParams> HostParamsOf(const TierSpec& spec, std::string* bad_key) {
-  return ParamsOf(spec, spec.host, HostTable(),
-                  spec.kind == "emulated_device" ? "emulated_device" : "host", bad_key);
+  return ParamsOf(spec, spec.host, HostTable(), IsHostArenaKind(spec.kind) ? spec.kind : "host",
+                  bad_key);
 }
 Result<DiskTierParams> DiskParamsOf(const TierSpec& spec, std::string* bad_key) {
   return ParamsOf(spec, spec.disk, DiskTable(), "disk", bad_key);
@@ -317,8 +317,7 @@ Result<RemoteTierParams> RemoteParamsOf(const TierSpec& spec, std::string* bad_k
 
 Status CheckTierSpecParams(const TierSpec& spec, std::string* bad_key) {
   if (spec.instance) return Status::Ok();  // a pre-built tier: kind and params are ignored
-  if (spec.kind == "host" || spec.kind == "emulated_device")
-    return HostParamsOf(spec, bad_key).status();
+  if (IsHostArenaKind(spec.kind)) return HostParamsOf(spec, bad_key).status();
   if (spec.kind == "disk") return DiskParamsOf(spec, bad_key).status();
   if (spec.kind == "remote") return RemoteParamsOf(spec, bad_key).status();
   if (spec.host || spec.disk || spec.remote) {

@@ -30,6 +30,11 @@ Result<DiskTierParams> ReadDiskTierParams(const ParamMap& params, std::string* b
 Result<RemoteTierParams> ReadRemoteTierParams(const ParamMap& params,
                                               std::string* bad_key = nullptr);
 
+// The kinds a host arena serves (HostTier): "host" and "emulated_device".
+inline bool IsHostArenaKind(std::string_view kind) {
+  return kind == "host" || kind == "emulated_device";
+}
+
 // A spec's params for its kind: the typed struct (checked) or the params map (read). Refuses
 // both at once, and a typed struct of another kind.
 Result<HostTierParams> HostParamsOf(const TierSpec& spec, std::string* bad_key = nullptr);

@@ -30,7 +30,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
   // Every kind's params go through the one reader (config/tier_params.h) first.
   if (Status s = CheckTierSpecParams(named); !s.ok()) return s.WithContext("tier '" + name + "'");
   if (Status s = RenamedTierKind(spec.kind); !s.ok()) return s.WithContext("tier '" + name + "'");
-  if (spec.kind == "host" || spec.kind == "emulated_device") {
+  if (IsHostArenaKind(spec.kind)) {
     KVTIER_ASSIGN_OR_RETURN(HostTierParams p, HostParamsOf(named));
     HostTierOptions o;
     o.name = name;

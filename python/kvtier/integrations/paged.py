@@ -1,11 +1,11 @@
-"""PagedKv: an engine's paged KV tensors seen as kvtier blocks. Pure torch, no engine import.
+"""PagedKv: an engine's paged KV tensors seen as kvtier blocks. No engine import.
 
 An engine keeps one tensor per layer, paged in blocks of `page_tokens`; a kvtier block of
 `layout.block_tokens` tokens spans `ratio = block_tokens / page_tokens` pages of every layer.
 gather() copies pages into kvtier's block byte order (doc/layout.md: per layer, K[tokens][heads]
 [head_dim] then V), scatter() copies back; both are one C++ call (kvtier.gather_pages /
-scatter_pages) for any number of blocks, with the GIL released. The layout of the tensors is found from their shapes;
-an unknown one is refused with a ValueError naming it.
+scatter_pages) for any number of blocks, with the GIL released. The layout of the tensors is
+found from their shapes; an unknown one is refused with a ValueError naming it.
 
 Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
   "fused": [N, H, P, 2*D]   vLLM CPU after mid-2026: per head, P rows of K then P rows of V
