@@ -36,6 +36,8 @@ def pytest_sessionfinish(session, exitstatus):
            "ttft_turn2_s": SUMMARY.get("ttft_turn2_s"),
            "miss_throughput_ratio": SUMMARY.get("miss_throughput_ratio"),
            "miss_rounds": SUMMARY.get("miss_rounds"),
+           "miss_throughput_ratio_same_process": SUMMARY.get("miss_throughput_ratio_same_process"),
+           "miss_rounds_same_process": SUMMARY.get("miss_rounds_same_process"),
            "miss_hook_share": SUMMARY.get("miss_hook_share")}
     with open(path, "w") as f:
         json.dump(doc, f)

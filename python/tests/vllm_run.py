@@ -127,14 +127,79 @@ def miss_prompts(round_no: int, n: int) -> list[list[int]]:
     return [tokens(2000 + 100 * round_no + i, 500) for i in range(n)]
 
 
+GC_SECONDS = [0.0, 0, 0]  # seconds in the garbage collector, collections, full collections
+
+
+def _gc_timer():
+    import gc
+
+    start = [0.0]
+
+    def cb(phase, info):
+        if phase == "start":
+            start[0] = time.perf_counter()
+        else:
+            GC_SECONDS[0] += time.perf_counter() - start[0]
+            GC_SECONDS[1] += 1
+            GC_SECONDS[2] += info.get("generation") == 2
+
+    gc.callbacks.append(cb)
+
+
+def background_cpu(hooks) -> dict[str, float]:
+    """CPU seconds so far of the connector's background threads in this process, by name."""
+    out: dict[str, float] = {}
+    if hooks is None:
+        return out
+    from kvtier.integrations import background
+
+    threads = [s.thread for s in background.savers()]
+    if hooks._stats_writer is not None:
+        threads.append(hooks._stats_writer._thread)
+    for th in threads:
+        try:
+            clock = time.pthread_getcpuclockid(th.ident)
+            out[th.name] = out.get(th.name, 0.0) + time.clock_gettime(clock)
+        except (OSError, TypeError):
+            continue
+    return out
+
+
+def make_switchable(hooks) -> list[bool]:
+    """Lets a serve process turn its connector's work off and on between batches: off, the
+    scheduler half reports no external hit and plans no transfer, so the worker half has nothing
+    to do, and what is left is vLLM's own connector plumbing. The same process measured both
+    ways has the same memory placement, which two processes do not (their throughput differs by
+    several per cent with no connector at all)."""
+    on = [True]
+    cls = hooks.KvtierConnector
+    meta_cls = hooks.KvtierConnectorMetadata
+    patched = {"get_num_new_matched_tokens": lambda self, *a, **k: (0, False),
+               "update_state_after_alloc": lambda self, *a, **k: None,
+               "build_connector_meta": lambda self, *a, **k: meta_cls(),
+               "request_finished": lambda self, *a, **k: (False, None)}
+    for name, off in patched.items():
+        real = getattr(cls, name)
+
+        def switch(self, *a, _real=real, _off=off, **k):
+            return _real(self, *a, **k) if on[0] else _off(self, *a, **k)
+
+        setattr(cls, name, switch)
+    return on
+
+
 def serve(spec: dict) -> None:
     """The 0%-hit workload, one batch per command, so a parent can measure two processes (with
     and without the connector) in alternating rounds on a shared machine.
 
     Protocol lines go to the original stdout (everything else printed goes to stderr):
       KVTIER_READY {...}              after the engine started and ran a warm-up batch
-      stdin "batch N" -> KVTIER_BATCH {"round": N, "tokens_per_s": x, "seconds": s,
-                                       "hook_seconds": h}   (h: time in the connector's hooks)
+      stdin "batch N [on|off]" -> KVTIER_BATCH {"round": N, "tokens_per_s": x, "seconds": s,
+          "hook_seconds": h, "cpu_seconds": c, "background_cpu_seconds": {thread: b},
+          "gc": [seconds, collections, full collections]}
+          (h: time in the connector's hooks; c: this process's CPU time; b: the connector's
+          background threads' CPU time; "off" turns the connector's work off for that batch,
+          see make_switchable)
       stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}, "saver_nice": [...]},
                          after the saves
     """
@@ -146,33 +211,46 @@ def serve(spec: dict) -> None:
         proto.write(f"{tag} {json.dumps(doc)}\n")
         proto.flush()
 
+    _gc_timer()
     llm, start_s = make_llm(spec)
     n = spec.get("requests", 8)
     generate(llm, [tokens(1000 + i, 500) for i in range(n)], 16)  # warm-up
     hooks = sys.modules.get("kvtier.integrations.vllm")
+    connector_on = make_switchable(hooks) if hooks else [False]
     say("KVTIER_READY", {"pid": os.getpid(), "start_s": start_s, "connector": hooks is not None})
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:
             continue
         if cmd[0] == "batch":
-            prompts = miss_prompts(int(cmd[1]), n)
+            if hooks:
+                connector_on[0] = cmd[2:] != ["off"]
+            prompts = miss_prompts(int(cmd[1]) + spec.get("prompt_seed", 0), n)
             h0 = hooks.HOOK_SECONDS[0] if hooks else 0.0
+            bg0 = background_cpu(hooks)
+            gc0 = list(GC_SECONDS)
+            c0 = time.process_time()
             t = time.perf_counter()
             res = generate(llm, prompts, 16)
             dt = time.perf_counter() - t
+            cpu = time.process_time() - c0
+            bg = {k: v - bg0.get(k, 0.0) for k, v in background_cpu(hooks).items()}
             done = sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, res))
             say("KVTIER_BATCH", {"round": int(cmd[1]), "tokens_per_s": done / dt, "seconds": dt,
-                                 "hook_seconds": (hooks.HOOK_SECONDS[0] - h0) if hooks else 0.0})
+                                 "hook_seconds": (hooks.HOOK_SECONDS[0] - h0) if hooks else 0.0,
+                                 "cpu_seconds": cpu, "background_cpu_seconds": bg,
+                                 "gc": [a - b for a, b in zip(GC_SECONDS, gc0)]})
         elif cmd[0] == "quit":
             doc = {"hook_calls": {}, "counters": {}}
             if hooks:
+                from kvtier.integrations import background
+
                 hooks.wait_saves(30.0)
                 doc = {"hook_calls": dict(hooks.HOOK_CALLS),
                        "hook_seconds": dict(hooks.HOOK_SECONDS_BY_NAME),
                        "counters": hooks.connector_counters(),
-                       "saver_nice": [os.getpriority(os.PRIO_PROCESS, s._thread.native_id)
-                                      for s in hooks._savers.values()]}
+                       "saver_nice": [os.getpriority(os.PRIO_PROCESS, s.thread.native_id)
+                                      for s in background.savers()]}
             say("KVTIER_DONE", doc)
             break
 

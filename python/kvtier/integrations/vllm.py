@@ -61,6 +61,13 @@ from vllm.logger import init_logger  # noqa: E402
 import kvtier  # noqa: E402
 from kvtier import backends  # noqa: E402
 from kvtier.backends import model_fingerprint  # noqa: E402
+from kvtier.integrations.background import (  # noqa: E402
+    Saver,
+    StagingPool,
+    lower_priority,
+    saver_for,
+    wait_saves,
+)
 from kvtier.integrations.paged import DTYPES, PagedKv, layer_order  # noqa: E402
 
 if TYPE_CHECKING:
@@ -149,155 +156,13 @@ def _timed(fn):
     return wrapper
 
 
-def _lower_priority(nice: int | None) -> None:
-    """Sets the calling thread's nice level (Linux: per thread), so the connector's background
-    work yields the CPU to vLLM's forward pass. Never fatal: a level the process may not take
-    (below its own, without privilege) is left as it is."""
-    if nice is None or not hasattr(os, "setpriority"):
-        return
-    try:
-        tid = threading.get_native_id()
-        if nice > os.getpriority(os.PRIO_PROCESS, tid) or os.geteuid() == 0:
-            os.setpriority(os.PRIO_PROCESS, tid, int(nice))
-    except OSError as e:
-        logger.info("kvtier: cannot set the background thread's nice level to %s (%s)", nice, e)
-
-
-class _Saver:
-    """Stores blocks into kvtier on a thread of its own, so a step does not wait for the tiers
-    (the SSD write-through above all): the step only copies its pages into a staging buffer,
-    one copy for all of the step's blocks (kvtier.gather_pages).
-
-    One per KvCache (both connector halves of a process find it through _saver_for). A lookup
-    whose own keys are still being saved waits for them (bounded), so a prompt never misses the
-    blocks its previous turn just produced; other lookups never wait. The queue is bounded: when
-    full, a step's batch is dropped (a later miss), never memory without bound. The thread runs
-    at nice level `nice` (config saver_nice).
-    Thread-safety: all methods may be called from any thread.
-    """
-
-    MAX_PENDING = 64  # batches (one per step)
-
-    def __init__(self, cache: kvtier.KvCache, nice: int | None = 10):
-        self._cache = cache
-        self._nice = nice
-        self._cond = threading.Condition()
-        self._queue: list = []
-        self._pending: dict[tuple[int, int], int] = {}
-        self._busy = False
-        self.dropped = 0
-        self._thread = threading.Thread(target=self._run, name="kvtier-saver", daemon=True)
-        self._thread.start()
-        atexit.register(self.wait_idle, 30.0)
-
-    @staticmethod
-    def _keys(batch):
-        return [k for entry in batch for k in entry[0]]
-
-    def put(self, batch: list, done) -> bool:
-        """batch: [(keys, blocks, first_block, tenant, lora_id)], stored in order; then
-        done([(result, error)] one per entry) runs on the saver's thread."""
-        with self._cond:
-            if len(self._queue) >= self.MAX_PENDING:
-                self.dropped += 1
-                return False
-            self._queue.append((batch, done))
-            for k in self._keys(batch):
-                self._pending[k] = self._pending.get(k, 0) + 1
-            self._cond.notify_all()
-            return True
-
-    def wait_for(self, keys, timeout: float) -> bool:
-        """Waits until no key of keys is still being saved; False when timeout ran out."""
-        with self._cond:
-            if not self._pending or not any(k in self._pending for k in keys):
-                return True
-            deadline = time.monotonic() + timeout
-            while any(k in self._pending for k in keys):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def wait_idle(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def _run(self) -> None:
-        _lower_priority(self._nice)
-        while True:
-            with self._cond:
-                while not self._queue:
-                    self._cond.wait()
-                batch, done = self._queue.pop(0)
-                self._busy = True
-            results = []
-            for keys, blocks, first_block, tenant, lora_id in batch:
-                result, error = None, None
-                try:
-                    result = self._cache.store_keys(
-                        [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
-                        first_block=first_block, tenant=tenant, lora_id=lora_id)
-                except kvtier.KvtierError as e:
-                    error = e
-                results.append((result, error))
-            try:
-                done(results)
-            except Exception:  # noqa: BLE001 - a bug in a callback must not stop the saver
-                logger.exception("kvtier: save completion failed")
-            finally:
-                with self._cond:
-                    for k in self._keys(batch):
-                        n = self._pending.pop(k) - 1
-                        if n:
-                            self._pending[k] = n
-                    self._busy = False
-                    self._cond.notify_all()
-
-
-class _StagingPool:
-    """Staging buffers for a worker's saves, reused across steps: a step takes one (big enough
-    for all its blocks), the saver gives it back once stored. Steps overlap with the saves of
-    earlier ones, so a few are in use at once; at most KEEP idle ones are kept.
-    Thread-safety: take and give may be called from any thread."""
-
-    KEEP = 4
-
-    def __init__(self, paged: PagedKv):
-        self._paged = paged
-        self._lock = threading.Lock()
-        self._free: list[torch.Tensor] = []
-
-    def take(self, n: int) -> torch.Tensor:
-        with self._lock:
-            fits = [b for b in self._free if b.shape[0] >= n]
-            if fits:
-                buf = min(fits, key=lambda b: b.shape[0])
-                self._free.remove(buf)
-                return buf
-        return self._paged.staging(max(n, 8))
-
-    def give(self, buf: torch.Tensor) -> None:
-        with self._lock:
-            self._free.append(buf)
-            if len(self._free) > self.KEEP:
-                self._free.remove(min(self._free, key=lambda b: b.shape[0]))
-
-
 class _StatsWriter:
     """Writes connectors' stats files on a background thread (one per process), never on vLLM's
     step: a hook only marks its connector dirty. Writes are coalesced (at most one per
     connector every MIN_INTERVAL_S); flush() writes what is pending at once (shutdown, exit).
     Thread-safety: all methods may be called from any thread."""
 
-    MIN_INTERVAL_S = 0.05
+    MIN_INTERVAL_S = 0.25
 
     def __init__(self, nice: int | None):
         self._cond = threading.Condition()
@@ -321,7 +186,7 @@ class _StatsWriter:
             c._write_stats()
 
     def _run(self, nice) -> None:
-        _lower_priority(nice)
+        lower_priority(nice, logger)
         while True:
             with self._cond:
                 while not self._dirty:
@@ -341,7 +206,7 @@ _CONNECTORS: "weakref.WeakSet[KvtierConnector]" = weakref.WeakSet()
 
 def _stats_writer_for(nice: int | None) -> _StatsWriter:
     global _stats_writer
-    with _savers_lock:
+    with _lock:
         if _stats_writer is None:
             _stats_writer = _StatsWriter(nice)
         return _stats_writer
@@ -357,25 +222,8 @@ def connector_counters() -> dict[str, int]:
     return total
 
 
-def wait_saves(timeout: float = 30.0) -> bool:
-    """Waits until every saver of this process is idle; False when timeout ran out."""
-    with _savers_lock:
-        savers = list(_savers.values())
-    return all(s.wait_idle(timeout) for s in savers)
-
-
-_savers: dict[int, _Saver] = {}
 _open_failures: set[str] = set()  # configs whose cache could not be opened (warned once)
-_savers_lock = threading.Lock()
-
-
-def _saver_for(cache: kvtier.KvCache, nice: int | None) -> _Saver:
-    with _savers_lock:
-        saver = _savers.get(id(cache))
-        if saver is None:
-            saver = _Saver(cache, nice)
-            _savers[id(cache)] = saver
-        return saver
+_lock = threading.Lock()
 
 
 class KvtierConnector(KVConnectorBase_V1):
@@ -424,19 +272,19 @@ class KvtierConnector(KVConnectorBase_V1):
         self._counters = _Counters()
         self._warned: set[str] = set()
         self._cache: kvtier.KvCache | None = None
-        self._saver: _Saver | None = None
+        self._saver: Saver | None = None
         self._dump_lock = threading.Lock()
         _CONNECTORS.add(self)
         try:
             self._cache = backends.shared_cache(self._config, self._layout)
-            self._saver = _saver_for(self._cache, self._nice)
+            self._saver = saver_for(self._cache, self._nice, logger)
             if isinstance(self._cache, kvtier.Client):
                 self._check_daemon(int(extra.get("connect_wait_ms", 1000)))
         except kvtier.KvtierError as e:
             # Both halves fail alike: one line per process and config, not one per half.
             key = json.dumps(self._config, sort_keys=True, default=str)
             self._counters.add(errors=1)
-            with _savers_lock:
+            with _lock:
                 first = key not in _open_failures
                 _open_failures.add(key)
             if first:
@@ -446,7 +294,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._reqs: dict[str, _ReqState] = {}
         # Worker half.
         self._paged: PagedKv | None = None
-        self._staging: _StagingPool | None = None
+        self._staging: StagingPool | None = None
         self._load_errors: set[int] = set()
         logger.info("kvtier connector (%s) in pid %d: layout %s, kvtier block %d tokens = %d "
                     "vLLM blocks, model_id %s, revision %s, backend %s", role.name, os.getpid(),
@@ -480,7 +328,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._cache.wait_connected(wait_ms):
             return
         key = "daemon:" + str(self._config.get("socket", ""))
-        with _savers_lock:
+        with _lock:
             first = key not in _open_failures
             _open_failures.add(key)
         if first:
@@ -631,7 +479,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                   names)
         except ValueError as e:
             raise ValueError(f"kvtier connector: {e}") from None
-        self._staging = _StagingPool(self._paged)
+        self._staging = StagingPool(self._paged.staging)
         logger.info("kvtier connector: %d paged KV tensors, layout '%s' %s", len(names),
                     self._paged.kind, list(kv_caches[names[0]].shape))
 
