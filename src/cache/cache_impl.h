@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <new>
 #include <set>
 #include <thread>
 
@@ -38,6 +40,9 @@ struct TierState {
   std::shared_ptr<Tier> tier;
   TierCapabilities caps;
   bool cache_verifies = false;  // verify_on_load and the tier does not verify reads itself
+  // The daemon's shared arena (a HostTier on a memfd), else null: a resident block's slot never
+  // moves there, so a pinned block is read in place rather than copied out (cache_writer.cc).
+  HostTier* arena_host = nullptr;
   // Write-back with a tier below: victims carry their chain position down.
   bool tracks_positions = false;
   Mutex mu;  // serialises residency changes of this tier: policy, admission, room
@@ -96,7 +101,11 @@ struct Victim {
 struct WriteJob {
   BlockBatch batch;
   std::vector<int8_t> from;
-  std::unique_ptr<std::byte[]> staged;  // size() blocks
+  struct FreeBytes {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  // size() blocks, page-aligned: the disk tier writes an aligned block without a bounce copy.
+  std::unique_ptr<std::byte[], FreeBytes> staged;
   PinSet pins;
   int first_target = 0;
   int last_target = 0;
@@ -104,7 +113,11 @@ struct WriteJob {
   bool promotion = false;  // a miss on re-reading the source is not a failure
 
   // Makes room for n blocks of block_bytes.
-  void Stage(size_t n, uint64_t block_bytes) { staged.reset(new std::byte[n * block_bytes]); }
+  void Stage(size_t n, uint64_t block_bytes) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, std::max<size_t>(n * block_bytes, 1)) != 0) throw std::bad_alloc();
+    staged.reset(static_cast<std::byte*>(p));
+  }
   std::byte* Slot(size_t i, uint64_t block_bytes) { return staged.get() + i * block_bytes; }
 };
 
@@ -130,6 +143,8 @@ class Cache::Impl {
       }
       st->caps = st->tier->capabilities();
       st->cache_verifies = st->caps.verify_on_load && !st->caps.verifies_reads;
+      if (auto* host = dynamic_cast<HostTier*>(st->tier.get()); host && host->arena_fd() >= 0)
+        st->arena_host = host;
       st->tracks_positions = options_.write_mode == WriteMode::kWriteBack &&
                              i + 1 < options_.tiers.size() && st->caps.managed_by_cache;
       verify_any_ |= st->cache_verifies;

@@ -12,7 +12,6 @@ void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
     bool any = false;
     for (int8_t f : job.from) any |= f >= 0;
     if (!any) continue;
-    if (!job.staged) job.Stage(n, bb);
     std::vector<bool> keep(n, true);
     for (auto& st : tiers_) {
       std::vector<uint32_t> idx;
@@ -20,21 +19,38 @@ void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
         if (job.from[i] == st->index) idx.push_back(i);
       if (idx.empty()) continue;
       std::vector<BlockKey> gk;
-      std::vector<MutableBlock> out;
-      for (uint32_t i : idx) {
-        gk.push_back(job.batch.keys[i]);
-        out.emplace_back(job.Slot(i, bb), bb);
-      }
+      for (uint32_t i : idx) gk.push_back(job.batch.keys[i]);
       std::vector<Status> gs(idx.size());
-      const Status call = st->tier->Get(gk, out, gs);
+      std::vector<ConstBlock> got(idx.size());
+      Status call;
+      if (st->arena_host != nullptr) {
+        // The job pins its blocks, so each stays in its arena slot until written: read in place
+        // (page-aligned, so the disk tier writes it without a bounce copy either).
+        std::vector<uint64_t> offsets(gk.size());
+        st->arena_host->Offsets(gk, offsets);
+        for (size_t j = 0; j < gk.size(); ++j) {
+          if (offsets[j] == HostTier::kNoOffset)
+            gs[j] = Status::NotFound("not in the arena");
+          else
+            got[j] = ConstBlock(st->arena_host->arena() + offsets[j], bb);
+        }
+      } else {
+        if (!job.staged) job.Stage(n, bb);
+        std::vector<MutableBlock> out;
+        for (size_t j = 0; j < idx.size(); ++j) {
+          out.emplace_back(job.Slot(idx[j], bb), bb);
+          got[j] = ConstBlock(out.back().data(), bb);
+        }
+        call = st->tier->Get(gk, out, gs);
+      }
       for (size_t j = 0; j < idx.size(); ++j) {
         const uint32_t i = idx[j];
         Status s = call.ok() ? gs[j] : call;
         if (s.ok() && options_.verify_checksums && st->cache_verifies &&
-            job.batch.checksums[i] != 0 && Checksum64(out[j]) != job.batch.checksums[i])
+            job.batch.checksums[i] != 0 && Checksum64(got[j]) != job.batch.checksums[i])
           s = Status::Corruption("block failed its checksum");
         if (s.ok()) {
-          job.batch.blocks[i] = ConstBlock(job.Slot(i, bb), bb);
+          job.batch.blocks[i] = got[j];
           continue;
         }
         keep[i] = false;

@@ -1,16 +1,21 @@
 // kvtier bench serve: the daemon's data plane (client Load/Store through the shared arena
-// beside the same run's memcpy in that client), its control plane (lookup of a 2,000-block
-// chain beside the same run's empty round trip) and its memory outside the arena per indexed
-// block. Each phase runs a real daemon in a child process on a private socket.
+// beside the same run's memcpy in that client), its write-through to SSD (the daemon's CPU per
+// GiB written down beside the same run's host-only daemon and an O_DIRECT write loop), its
+// control plane (lookup of a 2,000-block chain beside the same run's empty round trip) and its
+// memory outside the arena per indexed block. Each phase runs a real daemon in a child process
+// on a private socket.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -70,6 +75,13 @@ struct ChildDaemon {
       waitpid(pid, &st, 0);
     }
   }
+  // CPU seconds the daemon has used so far (every thread), or -1 when it cannot be read.
+  double CpuSeconds() const {
+    clockid_t id;
+    timespec ts{};
+    if (clock_getcpuclockid(pid, &id) != 0 || clock_gettime(id, &ts) != 0) return -1;
+    return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+  }
   // VmRSS minus shared-memory RSS (the arena): what the daemon holds outside the arena.
   uint64_t RssOutsideArena() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -116,7 +128,8 @@ struct Opts {
   int lookups = 10000;
   uint64_t rss_blocks = 1000000;
   std::string working_set = "128MiB";
-  std::string phases = "data,lookup,memory";
+  std::string phases = "data,writethrough,lookup,memory";
+  std::string disk_dir;  // writethrough: where the SSD tier goes (default $TMPDIR)
   bool verify_commit = false;
 };
 
@@ -205,6 +218,128 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
       }
     }
   }
+  return 0;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+// The daemon's CPU for a working set stored by one client in batches of 8 blocks, from the
+// first store until the SSD tier holds every block (host + disk daemon), beside the same run's
+// host-only daemon storing the same blocks and an O_DIRECT pwrite loop of the same bytes in
+// this process (what writing them costs the kernel at the least).
+int WriteThrough(const Opts& o, nlohmann::json* out) {
+  const uint64_t ws = *ParseByteSize(o.working_set);
+  const KvLayout l = *LayoutPreset("llama-3.1-8b", 16);  // 2 MiB blocks
+  const size_t bb = l.bytes_per_block();
+  const size_t n = std::max<size_t>(ws / bb, 16);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string root = o.disk_dir.empty() ? std::string(tmp && *tmp ? tmp : "/tmp") : o.disk_dir;
+  std::string dir = root + "/kvtier-bench-wt-XXXXXX";
+  if (::mkdtemp(dir.data()) == nullptr) {
+    std::fprintf(stderr, "kvtier bench serve: mkdtemp under %s: %s\n", root.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
+  std::vector<std::byte> src(n * bb);
+  for (size_t i = 0; i < src.size(); i += 64) src[i] = std::byte(i >> 6);
+  std::vector<double> wt, host, odirect;
+  bool direct = true;
+  int rc = 0;
+  for (int r = 0; r < o.reps && rc == 0; ++r) {
+    for (bool disk : {true, false}) {
+      CacheOptions co = HostOnly(l, n + 8, true);
+      if (disk) {
+        TierSpec t;
+        t.kind = "disk";
+        t.capacity_bytes = 2 * n * bb + (uint64_t{256} << 20);
+        t.params["path"] = dir + "/ssd-" + std::to_string(r);
+        co.tiers.push_back(t);
+      }
+      ChildDaemon d(co, TempSocket("wt"));
+      auto c = Connect(d, l);
+      if (!c.ok()) {
+        std::fprintf(stderr, "kvtier bench serve: %s\n", c.status().ToString().c_str());
+        return 1;
+      }
+      const double cpu0 = d.CpuSeconds();
+      size_t stored = 0;
+      for (size_t b = 0; b < n; b += 8) {
+        const size_t e = std::min(n, b + 8);
+        std::vector<BlockKey> keys;
+        std::vector<ConstBlock> in;
+        for (size_t i = b; i < e; ++i) {
+          keys.push_back(BlockKey{uint64_t(r) + 1, i + 1});
+          in.emplace_back(src.data() + i * bb, bb);
+        }
+        auto s = (*c)->StoreKeys(keys, in, 0);
+        if (s.ok()) stored += s->stored_blocks;
+      }
+      const auto deadline = Clock::now() + std::chrono::seconds(120);
+      while (disk) {
+        auto st = (*c)->GetDaemonStatus();
+        if (st.ok() && st->cache.tiers.size() > 1 && st->cache.tiers[1].tier.puts >= n) break;
+        if (Clock::now() > deadline) {
+          std::fprintf(stderr, "kvtier bench serve: the SSD tier did not get %zu blocks in 120 s\n",
+                       n);
+          rc = 1;
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      const double cpu = d.CpuSeconds() - cpu0;
+      if (stored != n || cpu0 < 0) {
+        std::fprintf(stderr, "kvtier bench serve: %zu of %zu blocks stored\n", stored, n);
+        rc = 1;
+      }
+      (disk ? wt : host).push_back(cpu * double(1 << 30) / double(n * bb));
+    }
+    // The floor: the same bytes written with O_DIRECT from page-aligned memory, one block at a
+    // time, by this thread.
+    const std::string path = dir + "/odirect-" + std::to_string(r);
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EINVAL) {  // a filesystem without O_DIRECT (tmpfs): as the tier does
+      direct = false;
+      fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    }
+    void* mem = nullptr;
+    if (fd < 0 || posix_memalign(&mem, 4096, bb) != 0) {
+      std::fprintf(stderr, "kvtier bench serve: O_DIRECT file %s: %s\n", path.c_str(),
+                   std::strerror(errno));
+      if (fd >= 0) ::close(fd);
+      rc = 1;
+      break;
+    }
+    const double t0 = ThreadCpuSeconds();
+    for (size_t i = 0; i < n && rc == 0; ++i) {
+      std::memcpy(mem, src.data() + i * bb, 64);  // touch: not a copy of the block
+      if (::pwrite(fd, mem, bb, static_cast<off_t>(i * bb)) != static_cast<ssize_t>(bb)) rc = 1;
+    }
+    odirect.push_back((ThreadCpuSeconds() - t0) * double(1 << 30) / double(n * bb));
+    std::free(mem);
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+  std::filesystem::remove_all(dir);
+  if (rc != 0) return rc;
+  std::vector<double> extra;
+  for (size_t i = 0; i < wt.size(); ++i) extra.push_back(wt[i] - host[i]);
+  (*out)["write_through"] = {{"block_bytes", bb},
+                             {"blocks", n},
+                             {"daemon_cpu_s_per_gib", Pct(wt, 0.5)},
+                             {"host_only_daemon_cpu_s_per_gib", Pct(host, 0.5)},
+                             {"write_through_cpu_s_per_gib", Pct(extra, 0.5)},
+                             {"odirect_cpu_s_per_gib", Pct(odirect, 0.5)},
+                             {"o_direct", direct}};
+  if (!o.json)
+    std::printf(
+        "write-through %s x%zu  daemon CPU %.3f s/GiB (host-only daemon %.3f): %.3f s/GiB for the "
+        "SSD copy  %s loop %.3f s/GiB (median of %zu)\n",
+        FormatBytes(bb).c_str(), n, Pct(wt, 0.5), Pct(host, 0.5), Pct(extra, 0.5),
+        direct ? "O_DIRECT" : "buffered (no O_DIRECT here)", Pct(odirect, 0.5), wt.size());
   return 0;
 }
 
@@ -348,13 +483,17 @@ KVTIER_REGISTER_COMMAND(
                       "bytes per data-plane repetition, default 128MiB");
       app->add_flag("--verify-commit", o->verify_commit,
                     "daemon with serve.verify_commit on (store rows)");
-      app->add_option("--phases", o->phases, "which of data,lookup,memory to run (default all)");
+      app->add_option("--phases", o->phases,
+                      "which of data,writethrough,lookup,memory to run (default all)");
+      app->add_option("--disk-dir", o->disk_dir,
+                      "writethrough: directory for the SSD tier (default $TMPDIR or /tmp)");
       return [o] {
         nlohmann::json out;
         out["data_plane"] = nlohmann::json::array();
         out["lookup"] = nlohmann::json::array();
         auto on = [&](const char* p) { return o->phases.find(p) != std::string::npos; };
         int rc = on("data") ? DataPlane(*o, &out) : 0;
+        if (rc == 0 && on("writethrough")) rc = WriteThrough(*o, &out);
         if (rc == 0 && on("lookup")) rc = ControlPlane(*o, &out);
         if (rc == 0 && on("memory")) rc = Memory(*o, &out);
         if (o->json) std::printf("%s\n", out.dump(2).c_str());
