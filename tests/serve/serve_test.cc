@@ -46,8 +46,8 @@ std::string LayoutYaml(const KvLayout& l) {
 // A config with a host tier of `host_blocks` blocks, an optional disk tier, and extra serve
 // keys.
 std::string Config(uint64_t host_blocks, const std::string& disk_dir = "",
-                   const std::string& serve_extra = "", uint32_t lease_ms = 30000) {
-  const KvLayout l = SmallLayout();
+                   const std::string& serve_extra = "", uint32_t lease_ms = 30000,
+                   const KvLayout& l = SmallLayout()) {
   std::string y = "model_id: test\nlayout: " + LayoutYaml(l) + "\ntiers:\n";
   y += "  - {kind: host, capacity: " + std::to_string(host_blocks * l.bytes_per_block()) +
        ", params: {prefault: false}}\n";
@@ -58,10 +58,11 @@ std::string Config(uint64_t host_blocks, const std::string& disk_dir = "",
   return y;
 }
 
-ClientOptions Opts(const Daemon& d, const std::string& tenant = "", const std::string& token = "") {
+ClientOptions Opts(const Daemon& d, const std::string& tenant = "", const std::string& token = "",
+                   const KvLayout& layout = SmallLayout()) {
   ClientOptions o;
   o.socket_path = d.socket();
-  o.layout = SmallLayout();
+  o.layout = layout;
   o.model_id = "test";
   o.tenant = tenant;
   o.token = token;
@@ -362,6 +363,41 @@ TEST_F(ServeTest, ClientKilledMidStoreLeavesNothingBehind) {
   EXPECT_EQ(LoadChain(**c, 56, 32), 32);
 }
 
+// Waits until the daemon's SSD tier (tiers[1]) has taken n blocks: it is written in the
+// background after a Store returns.
+void WaitForSsdPuts(const Daemon& d, uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    auto st = StatusOf(d);
+    ASSERT_TRUE(st.ok());
+    if (st->cache.tiers[1].tier.puts >= n) return;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the SSD never got the blocks";
+    std::this_thread::yield();
+  }
+}
+
+// Page-sized blocks: the SSD copy is written from the pinned arena slot as it is (no copy out
+// of the arena, no bounce buffer); after a restart every block comes back from SSD intact.
+TEST_F(ServeTest, WriteThroughFromTheArenaSlotIsByteExactAfterARestart) {
+  const KvLayout l = Layout16KiB();
+  const std::string disk = dir_.path() + "/ssd";
+  Daemon d(dir_.path(), Config(64, disk, "", 30000, l));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d, "", "", l));
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(StoreChain(**c, 5, 12).stored_blocks, 12u);
+  WaitForSsdPuts(d, 12);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(d.Signal(SIGKILL), 128 + SIGKILL);
+  EXPECT_EQ(LoadChain(**c, 5, 12), 0);  // a miss: the client sees the daemon gone
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE((*c)->WaitConnected(5000).ok());
+  EXPECT_EQ(LoadChain(**c, 5, 12), 12) << d.Log();  // -1: a block that differs
+  auto st = StatusOf(d);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->cache.tiers[1].hit_blocks, 12u);
+}
+
 TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
   const std::string disk = dir_.path() + "/ssd";
   Daemon d(dir_.path(), Config(64, disk));
@@ -370,16 +406,10 @@ TEST_F(ServeTest, DaemonKilledClientsMissThenReconnectAndSsdBlocksServeAgain) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(StoreChain(**c, 9, 12).stored_blocks, 12u);
   EXPECT_EQ(LoadChain(**c, 9, 12), 12);
-  // The SSD is written in the background after the Store returns: kill the daemon only once
-  // the SSD has the chain (a kill before that loses those SSD copies, like the host's).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    auto st = StatusOf(d);
-    ASSERT_TRUE(st.ok());
-    if (st->cache.tiers[1].tier.puts >= 12) break;
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the SSD never got the chain";
-    std::this_thread::yield();
-  }
+  // Kill the daemon only once the SSD has the chain (a kill before that loses those SSD
+  // copies, like the host's).
+  WaitForSsdPuts(d, 12);
+  if (HasFatalFailure()) return;
   ASSERT_EQ(d.Signal(SIGKILL), 128 + SIGKILL);
   // Misses, within the deadline, never a hang.
   for (int i = 0; i < 3; ++i) {
