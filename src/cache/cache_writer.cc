@@ -111,7 +111,7 @@ void Cache::Impl::Dispatch(std::vector<WriteJob> jobs) {
 
 bool Cache::Impl::Enqueue(WriteJob job, bool wait) {
   const size_t n = job.batch.size();
-  const size_t cap = options_.write_queue_blocks;
+  const size_t cap = write_queue_cap_;
   {
     MutexLock lock(&writer_mu_);
     // A job larger than the whole queue goes in once the queue is empty.

@@ -2,6 +2,7 @@
 // its own connection and mapping, store and load overlapping prefixes through a small arena
 // while a ninth releases leases late and asks for stats; every load is checked byte for byte.
 #include <atomic>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -15,6 +16,65 @@ namespace kvtier::testing {
 namespace {
 
 uint64_t Seed(const BlockKey& k) { return k.hi ^ (k.lo * 31); }
+
+// Blocks waiting for their SSD write stay pinned in the arena. With the SSD held, a burst of
+// stores through an 8-block arena must wait for it (the write queue is cut to half the arena)
+// rather than find no room: before the cut, the third store of 4 blocks was refused outright.
+TEST(ServeStressTest, BurstThroughASmallArenaWaitsForTheSsdInsteadOfFailing) {
+  TempDir dir;
+  const KvLayout layout = SmallLayout();
+  auto ssd = FaultyTier::Make(layout, 64 * layout.bytes_per_block(), "ssd");
+  std::promise<void> entered, open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::atomic<bool> first{true};
+  ssd->on_put = [&] {
+    if (first.exchange(false)) entered.set_value();
+    opened.wait();
+  };
+  CacheOptions co;
+  co.layout = layout;
+  co.model_id = "burst";
+  TierSpec host;
+  host.kind = "host";
+  host.capacity_bytes = 8 * layout.bytes_per_block();
+  host.params["prefault"] = "false";
+  co.tiers.push_back(host);
+  co.tiers.push_back(InstanceSpec(ssd));
+  serve::ServeOptions so;
+  so.socket_path = dir.path() + "/s.sock";
+  auto server = serve::Server::Start(co, so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ClientOptions o;
+  o.socket_path = so.socket_path;
+  o.layout = layout;
+  o.model_id = "burst";
+  o.timeout_ms = 30000;
+  auto c = Client::Open(o);
+  ASSERT_TRUE(c.ok() && (*c)->connected());
+  const size_t bb = layout.bytes_per_block();
+  auto store = [&](uint32_t base) -> uint32_t {
+    std::vector<BlockKey> keys;
+    HashPrefix((*c)->Root(), layout.block_tokens, Tokens(4 * layout.block_tokens, base), &keys);
+    std::vector<std::vector<std::byte>> data;
+    std::vector<ConstBlock> blocks;
+    for (const BlockKey& k : keys) data.push_back(MakeBlock(bb, Seed(k)));
+    for (auto& d : data) blocks.emplace_back(d);
+    auto s = (*c)->StoreKeys(keys, blocks, 0);
+    return s.ok() ? s->stored_blocks : 0;
+  };
+  EXPECT_EQ(store(100), 4u);
+  entered.get_future().wait();  // its SSD write is held: 4 blocks pinned in the arena
+  auto burst = std::async(std::launch::async, [&] { return std::pair{store(200), store(300)}; });
+  const bool waited = burst.wait_for(std::chrono::milliseconds(200)) == std::future_status::timeout;
+  open.set_value();
+  ASSERT_EQ(burst.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(waited) << "the burst did not wait for the held SSD write";
+  const auto [b, d] = burst.get();
+  EXPECT_EQ(b, 4u);
+  EXPECT_EQ(d, 4u) << "the arena had no room for a store while the SSD was slow";
+  c->reset();
+  (*server)->Stop();
+}
 
 TEST(ServeStressTest, EightClientsOverlappingPrefixes) {
   TempDir dir;

@@ -168,6 +168,35 @@ TEST(CacheWriterTest, FullWriteQueueAppliesBackpressure) {
   EXPECT_EQ(cache->stats().write_queue_waits, 1u);
 }
 
+// Queued writes pin their blocks in the host tier until written. A queue longer than half the
+// host tier (256 blocks here against 8) is cut to half, so a burst meets the queue's
+// backpressure before the host fills with pinned blocks; uncut, the third Store below found no
+// room at all while the SSD was slow.
+TEST(CacheWriterTest, WriteQueueIsCutToHalfTheHostSoABurstWaitsInsteadOfFailing) {
+  BlockingTier low;
+  auto cache = OpenSmallCache({HostSpec(8, "dram"), InstanceSpec(low.tier)},
+                              WriteMode::kWriteThrough, nullptr, /*queue_blocks=*/256);
+  StoredRequest a(*cache, 4, 100), b(*cache, 4, 200), c(*cache, 4, 300);
+  ASSERT_EQ(cache->Store(a.tokens, a.views)->stored_blocks, 4u);
+  low.entered.wait();  // a's write is held: its 4 blocks stay pinned in the host
+  auto burst = std::async(std::launch::async, [&] {
+    auto sb = cache->Store(b.tokens, b.views);
+    auto sc = cache->Store(c.tokens, c.views);
+    return std::pair{sb.ok() ? sb->stored_blocks : 0u, sc.ok() ? sc->stored_blocks : 0u};
+  });
+  EXPECT_EQ(burst.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the burst did not wait for the held write";
+  low.Open();
+  ASSERT_EQ(burst.wait_for(kPatience), std::future_status::ready);
+  const auto [sb, sc] = burst.get();
+  EXPECT_EQ(sb, 4u);
+  EXPECT_EQ(sc, 4u);
+  cache->Flush();
+  EXPECT_EQ(low.tier->stats().puts, 12u);
+  EXPECT_GE(cache->stats().write_queue_waits, 1u);
+  EXPECT_EQ(LookupAndLoad(*cache, c), 4u);
+}
+
 TEST(CacheWriterTest, FailedBackgroundWritesAreCounted) {
   auto low = FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
   low->fail_writes = true;
