@@ -267,14 +267,15 @@ def test_miss_throughput_paired(env):
         rounds, same, hook_s, on_s, batch_s, batch = [], [], 0.0, 0.0, [], 0
         on_batches = 0
         for r in range(MISS_ROUNDS):
-            # Mirrored within a round (none, on, off, off, on, none; reversed in odd rounds): a
-            # load that rises or falls steadily during the round weighs on every run alike. A
-            # run's figure for the round is the better of its two batches: neighbours only ever
-            # slow a batch down. Every batch has prompts of its own, so nothing ever hits.
-            order = [("none", ""), ("kvtier", "on"), ("kvtier", "off")]
-            order = order + order[::-1]
+            # Mirrored within a round (none, on, off, off, on, none; odd rounds start with on
+            # instead): a load that rises or falls steadily during the round weighs on every
+            # run alike. A run's figure for the round is the better of its two batches:
+            # neighbours only ever slow a batch down. Every batch has prompts of its own, so
+            # nothing ever hits.
+            half = [("none", ""), ("kvtier", "on"), ("kvtier", "off")]
             if r % 2:
-                order = order[::-1]
+                half = half[1:] + half[:1]
+            order = half + half[::-1]
             best = {}
             for side, mode in order:
                 batch += 1
