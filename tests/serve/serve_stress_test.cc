@@ -17,6 +17,29 @@ namespace {
 
 uint64_t Seed(const BlockKey& k) { return k.hi ^ (k.lo * 31); }
 
+// A daemon's cache: a host tier (the shared arena) of `blocks` blocks of layout, unprefaulted.
+CacheOptions ArenaOf(const KvLayout& layout, const std::string& model, uint64_t blocks) {
+  CacheOptions co;
+  co.layout = layout;
+  co.model_id = model;
+  TierSpec host;
+  host.kind = "host";
+  host.capacity_bytes = blocks * layout.bytes_per_block();
+  host.params["prefault"] = "false";
+  co.tiers.push_back(host);
+  return co;
+}
+
+// A client of the daemon on socket that serves co.
+ClientOptions ClientOf(const std::string& socket, const CacheOptions& co, uint32_t timeout_ms) {
+  ClientOptions o;
+  o.socket_path = socket;
+  o.layout = co.layout;
+  o.model_id = co.model_id;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
 // Blocks waiting for their SSD write stay pinned in the arena. With the SSD held, a burst of
 // stores through an 8-block arena must wait for it (the write queue is cut to half the arena)
 // rather than find no room: before the cut, the third store of 4 blocks was refused outright.
@@ -31,25 +54,13 @@ TEST(ServeStressTest, BurstThroughASmallArenaWaitsForTheSsdInsteadOfFailing) {
     if (first.exchange(false)) entered.set_value();
     opened.wait();
   };
-  CacheOptions co;
-  co.layout = layout;
-  co.model_id = "burst";
-  TierSpec host;
-  host.kind = "host";
-  host.capacity_bytes = 8 * layout.bytes_per_block();
-  host.params["prefault"] = "false";
-  co.tiers.push_back(host);
+  CacheOptions co = ArenaOf(layout, "burst", 8);
   co.tiers.push_back(InstanceSpec(ssd));
   serve::ServeOptions so;
   so.socket_path = dir.path() + "/s.sock";
   auto server = serve::Server::Start(co, so);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  ClientOptions o;
-  o.socket_path = so.socket_path;
-  o.layout = layout;
-  o.model_id = "burst";
-  o.timeout_ms = 30000;
-  auto c = Client::Open(o);
+  auto c = Client::Open(ClientOf(so.socket_path, co, 30000));
   ASSERT_TRUE(c.ok() && (*c)->connected());
   const size_t bb = layout.bytes_per_block();
   auto store = [&](uint32_t base) -> uint32_t {
@@ -79,14 +90,7 @@ TEST(ServeStressTest, BurstThroughASmallArenaWaitsForTheSsdInsteadOfFailing) {
 TEST(ServeStressTest, EightClientsOverlappingPrefixes) {
   TempDir dir;
   const KvLayout layout = SmallLayout();
-  CacheOptions co;
-  co.layout = layout;
-  co.model_id = "stress";
-  TierSpec host;
-  host.kind = "host";
-  host.capacity_bytes = 128 * layout.bytes_per_block();
-  host.params["prefault"] = "false";
-  co.tiers.push_back(host);
+  const CacheOptions co = ArenaOf(layout, "stress", 128);
   serve::ServeOptions so;
   so.socket_path = dir.path() + "/s.sock";
   so.lease_ms = 2000;
@@ -97,12 +101,7 @@ TEST(ServeStressTest, EightClientsOverlappingPrefixes) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
-      ClientOptions o;
-      o.socket_path = so.socket_path;
-      o.layout = layout;
-      o.model_id = "stress";
-      o.timeout_ms = 5000;
-      auto c = Client::Open(o);
+      auto c = Client::Open(ClientOf(so.socket_path, co, 5000));
       if (!c.ok() || !(*c)->connected()) {
         ++errors;
         return;
