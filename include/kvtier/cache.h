@@ -63,8 +63,9 @@ struct CacheOptions {
   KvEventCallback on_event;
   // Blocks queued for the background writer at most; a Store waits while the queue is full
   // (backpressure). 0: every tier is written in the caller's thread before Store returns, and
-  // Load promotes in the caller's thread (the synchronous behaviour; deterministic). At most
-  // half the first tier's blocks are used (queued blocks stay pinned there until written).
+  // Load promotes in the caller's thread (the synchronous behaviour; deterministic). In
+  // write-through mode at most half the first tier's blocks are used (queued blocks stay
+  // pinned there until written).
   uint32_t write_queue_blocks = 256;
 
   // OK, or InvalidArgument naming the field ("tiers[1].capacity_bytes: must be > 0").

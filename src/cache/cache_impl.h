@@ -167,11 +167,13 @@ class Cache::Impl {
       }
       tiers_.push_back(std::move(st));
     }
-    // Queued writes pin their blocks in the first tier until written. A queue longer than half
-    // that tier lets a burst fill it with pinned blocks, and the daemon's next reserve finds no
-    // room: cut to half, the queue's backpressure (Store or commit waits) comes first.
+    // Write-through: queued writes pin their blocks in the first tier until written. A queue
+    // longer than half that tier lets a burst fill it with pinned blocks, and the daemon's next
+    // reserve finds no room: cut to half, the queue's backpressure (Store or commit waits) comes
+    // first. (Write-back victims leave the tier staged: they pin nothing there.)
     write_queue_cap_ = options_.write_queue_blocks;
-    if (write_queue_cap_ > 0 && tiers_.size() > 1 && tiers_[0]->caps.managed_by_cache)
+    if (write_queue_cap_ > 0 && options_.write_mode == WriteMode::kWriteThrough &&
+        tiers_.size() > 1 && tiers_[0]->caps.managed_by_cache)
       write_queue_cap_ = std::min<size_t>(
           write_queue_cap_, std::max<uint64_t>(1, tiers_[0]->tier->capacity_blocks() / 2));
     async_ = options_.write_queue_blocks > 0;
