@@ -265,7 +265,7 @@ def test_miss_throughput_paired(env):
         ready = {k: s.expect("KVTIER_READY", 600) for k, s in sides.items()}
         assert ready["kvtier"]["connector"] and not ready["none"]["connector"]
         rounds, same, hook_s, on_s, batch_s, batch = [], [], 0.0, 0.0, [], 0
-        on_batches = 0
+        on_batches, bg_s, cpu = 0, 0.0, {"on": [0.0, 0.0], "off": [0.0, 0.0]}
         for r in range(MISS_ROUNDS):
             # Mirrored within a round (none, on, off, off, on, none; odd rounds start with on
             # instead): a load that rises or falls steadily during the round weighs on every
@@ -287,6 +287,11 @@ def test_miss_throughput_paired(env):
                     on_batches += 1
                     hook_s += got["hook_seconds"]
                     on_s += got["seconds"]
+                    bg_s += sum(got["background_cpu_seconds"].values())
+                if side == "kvtier":
+                    tokens = got["tokens_per_s"] * got["seconds"]
+                    cpu[mode][0] += got["cpu_seconds"]
+                    cpu[mode][1] += tokens
             rounds.append(best[("kvtier", "on")] / best[("none", "")])
             same.append(best[("kvtier", "on")] / best[("kvtier", "off")])
         for s in sides.values():
@@ -319,4 +324,7 @@ def test_miss_throughput_paired(env):
           f"(connector on/off) median {same_ratio:.3f} {[round(x, 3) for x in same]} (batches "
           f"of {min(batch_s):.2f}-{max(batch_s):.2f}s, load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs); the connector's hooks took {100 * share:.2f}% of the "
-          f"connector-on batches' time; hook seconds {done['kvtier']['hook_seconds']}")
+          f"connector-on batches' time, its background threads {100 * bg_s / on_s:.2f}% of one "
+          f"CPU; the process's CPU per token on/off "
+          f"{(cpu['on'][0] / cpu['on'][1]) / (cpu['off'][0] / cpu['off'][1]):.3f}; "
+          f"hook seconds {done['kvtier']['hook_seconds']}")

@@ -127,25 +127,6 @@ def miss_prompts(round_no: int, n: int) -> list[list[int]]:
     return [tokens(2000 + 100 * round_no + i, 500) for i in range(n)]
 
 
-GC_SECONDS = [0.0, 0, 0]  # seconds in the garbage collector, collections, full collections
-
-
-def _gc_timer():
-    import gc
-
-    start = [0.0]
-
-    def cb(phase, info):
-        if phase == "start":
-            start[0] = time.perf_counter()
-        else:
-            GC_SECONDS[0] += time.perf_counter() - start[0]
-            GC_SECONDS[1] += 1
-            GC_SECONDS[2] += info.get("generation") == 2
-
-    gc.callbacks.append(cb)
-
-
 def background_cpu(hooks) -> dict[str, float]:
     """CPU seconds so far of the connector's background threads in this process, by name."""
     out: dict[str, float] = {}
@@ -195,8 +176,7 @@ def serve(spec: dict) -> None:
     Protocol lines go to the original stdout (everything else printed goes to stderr):
       KVTIER_READY {...}              after the engine started and ran a warm-up batch
       stdin "batch N [on|off]" -> KVTIER_BATCH {"round": N, "tokens_per_s": x, "seconds": s,
-          "hook_seconds": h, "cpu_seconds": c, "background_cpu_seconds": {thread: b},
-          "gc": [seconds, collections, full collections]}
+          "hook_seconds": h, "cpu_seconds": c, "background_cpu_seconds": {thread: b}}
           (h: time in the connector's hooks; c: this process's CPU time; b: the connector's
           background threads' CPU time; "off" turns the connector's work off for that batch,
           see make_switchable)
@@ -211,7 +191,6 @@ def serve(spec: dict) -> None:
         proto.write(f"{tag} {json.dumps(doc)}\n")
         proto.flush()
 
-    _gc_timer()
     llm, start_s = make_llm(spec)
     n = spec.get("requests", 8)
     generate(llm, [tokens(1000 + i, 500) for i in range(n)], 16)  # warm-up
@@ -225,10 +204,9 @@ def serve(spec: dict) -> None:
         if cmd[0] == "batch":
             if hooks:
                 connector_on[0] = cmd[2:] != ["off"]
-            prompts = miss_prompts(int(cmd[1]) + spec.get("prompt_seed", 0), n)
+            prompts = miss_prompts(int(cmd[1]), n)
             h0 = hooks.HOOK_SECONDS[0] if hooks else 0.0
             bg0 = background_cpu(hooks)
-            gc0 = list(GC_SECONDS)
             c0 = time.process_time()
             t = time.perf_counter()
             res = generate(llm, prompts, 16)
@@ -238,8 +216,7 @@ def serve(spec: dict) -> None:
             done = sum(len(p) + len(r.outputs[0].token_ids) for p, r in zip(prompts, res))
             say("KVTIER_BATCH", {"round": int(cmd[1]), "tokens_per_s": done / dt, "seconds": dt,
                                  "hook_seconds": (hooks.HOOK_SECONDS[0] - h0) if hooks else 0.0,
-                                 "cpu_seconds": cpu, "background_cpu_seconds": bg,
-                                 "gc": [a - b for a, b in zip(GC_SECONDS, gc0)]})
+                                 "cpu_seconds": cpu, "background_cpu_seconds": bg})
         elif cmd[0] == "quit":
             doc = {"hook_calls": {}, "counters": {}}
             if hooks:

@@ -14,10 +14,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <new>
 #include <set>
 #include <thread>
 
@@ -26,6 +24,7 @@
 #include "common/flat_map.h"
 #include "common/mutex.h"
 #include "index/block_index.h"
+#include "tiers/disk/io_engine.h"
 #include "tiers/host/host_tier.h"
 
 namespace kvtier {
@@ -101,11 +100,8 @@ struct Victim {
 struct WriteJob {
   BlockBatch batch;
   std::vector<int8_t> from;
-  struct FreeBytes {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
   // size() blocks, page-aligned: the disk tier writes an aligned block without a bounce copy.
-  std::unique_ptr<std::byte[], FreeBytes> staged;
+  disk::AlignedBuffer staged;
   PinSet pins;
   int first_target = 0;
   int last_target = 0;
@@ -113,12 +109,9 @@ struct WriteJob {
   bool promotion = false;  // a miss on re-reading the source is not a failure
 
   // Makes room for n blocks of block_bytes.
-  void Stage(size_t n, uint64_t block_bytes) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 4096, std::max<size_t>(n * block_bytes, 1)) != 0) throw std::bad_alloc();
-    staged.reset(static_cast<std::byte*>(p));
-  }
-  std::byte* Slot(size_t i, uint64_t block_bytes) { return staged.get() + i * block_bytes; }
+  void Stage(size_t n, uint64_t block_bytes) { staged = disk::AlignedBuffer(n * block_bytes); }
+  bool IsStaged() const { return staged.data() != nullptr; }
+  std::byte* Slot(size_t i, uint64_t block_bytes) { return staged.data() + i * block_bytes; }
 };
 
 class Cache::Impl {

@@ -35,7 +35,7 @@ void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
             got[j] = ConstBlock(st->arena_host->arena() + offsets[j], bb);
         }
       } else {
-        if (!job.staged) job.Stage(n, bb);
+        if (!job.IsStaged()) job.Stage(n, bb);
         std::vector<MutableBlock> out;
         for (size_t j = 0; j < idx.size(); ++j) {
           out.emplace_back(job.Slot(idx[j], bb), bb);

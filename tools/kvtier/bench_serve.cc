@@ -116,10 +116,14 @@ CacheOptions HostOnly(const KvLayout& l, uint64_t blocks, bool prefault) {
   return co;
 }
 
-std::string TempSocket(const std::string& tag) {
+// $TMPDIR, else /tmp.
+std::string TempRoot() {
   const char* tmp = std::getenv("TMPDIR");
-  return std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-bench-" + std::to_string(getpid()) +
-         "-" + tag + ".sock";
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
+std::string TempSocket(const std::string& tag) {
+  return TempRoot() + "/kvtier-bench-" + std::to_string(getpid()) + "-" + tag + ".sock";
 }
 
 struct Opts {
@@ -236,8 +240,7 @@ int WriteThrough(const Opts& o, nlohmann::json* out) {
   const KvLayout l = *LayoutPreset("llama-3.1-8b", 16);  // 2 MiB blocks
   const size_t bb = l.bytes_per_block();
   const size_t n = std::max<size_t>(ws / bb, 16);
-  const char* tmp = std::getenv("TMPDIR");
-  std::string root = o.disk_dir.empty() ? std::string(tmp && *tmp ? tmp : "/tmp") : o.disk_dir;
+  const std::string root = o.disk_dir.empty() ? TempRoot() : o.disk_dir;
   std::string dir = root + "/kvtier-bench-wt-XXXXXX";
   if (::mkdtemp(dir.data()) == nullptr) {
     std::fprintf(stderr, "kvtier bench serve: mkdtemp under %s: %s\n", root.c_str(),
