@@ -113,7 +113,7 @@ uint64_t Cache::Impl::ClearManaged() {
       while (skipped < 64) {
         std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
         if (!victim) break;
-        const uint64_t change = index_.TryRemoveUnpinned(*victim, st.index);
+        const std::optional<uint64_t> change = index_.TryRemoveUnpinned(*victim, st.index);
         if (!change) {
           st.policy->OnInsert(*victim, AccessHint{});
           ++skipped;
@@ -121,7 +121,7 @@ uint64_t Cache::Impl::ClearManaged() {
         }
         st.positions.Erase(*victim);
         gone.push_back(*victim);
-        changes.push_back(change);
+        changes.push_back(*change);
       }
       st.reserved += gone.size();  // occupied until erased below
     }
@@ -152,16 +152,16 @@ uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& m
       for (size_t i = 0; i < found.size(); ++i) {
         const BlockKey& key = found[i].first;
         if (!(found[i].second & (TierMask{1} << st.index))) continue;
-        const uint64_t change = index_.TryRemoveUnpinned(key, st.index);
+        const std::optional<uint64_t> change = index_.TryRemoveUnpinned(key, st.index);
         if (!change) {
-          held[i] = held[i] || index_.IsPinned(key);
+          held[i] = true;
           continue;
         }
         st.policy->OnErase(key);
         st.positions.Erase(key);
         gone.push_back(key);
-        changes.push_back(change);
-        any[i] = true;
+        changes.push_back(*change);
+        any[i] = any[i] || *change != 0;
       }
       st.reserved += gone.size();
     } else {

@@ -87,7 +87,7 @@ struct BlockBatch {
 // read for the tier below) after the lock is dropped.
 struct Victim {
   BlockKey key;
-  uint64_t change = 0;  // the index's number for its removal (its event's seq)
+  uint64_t change = 0;  // the index's number for its removal (its event's seq); 0: none
   uint64_t checksum = 0;
   uint32_t position = 0;
   bool below_has = false;  // the tier below holds it already
@@ -296,8 +296,8 @@ class Cache::Impl {
               std::vector<PendingEvent>* events);
   void EmitRemoved(const TierState& st, std::span<const BlockKey> keys,
                    std::span<const uint64_t> changes) {
-    for (size_t i = 0; i < keys.size(); ++i)
-      Emit(KvEvent::Type::kRemoved, keys[i], st.index, changes[i]);
+    for (size_t i = 0; i < keys.size(); ++i)  // 0: it was not resident there, nothing changed
+      if (changes[i]) Emit(KvEvent::Type::kRemoved, keys[i], st.index, changes[i]);
   }
   void EmitAll(const std::vector<PendingEvent>& events) {
     for (const PendingEvent& e : events) Emit(e.type, e.key, e.tier, e.change);

@@ -15,7 +15,7 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* vi
     // Read the entry first: removing the last tier drops it, checksum and all.
     IndexEntry e;
     const bool known = index_.Get(*victim, &e);
-    const uint64_t change = index_.TryRemoveUnpinned(*victim, st.index);
+    const std::optional<uint64_t> change = index_.TryRemoveUnpinned(*victim, st.index);
     if (!change) {
       // Pinned since the policy looked: it stays resident.
       st.policy->OnInsert(*victim, AccessHint{});
@@ -24,7 +24,7 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* vi
     }
     Victim v;
     v.key = *victim;
-    v.change = change;
+    v.change = *change;
     v.checksum = known ? e.checksum : 0;
     v.below_has = known && (e.tiers & below_bit);
     if (const uint32_t* p = st.positions.Find(*victim)) {
@@ -80,7 +80,7 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
   (void)st.tier->Erase(keys);
   st.evictions.fetch_add(victims.size(), std::memory_order_relaxed);
   for (const Victim& v : victims)
-    events->push_back({KvEvent::Type::kRemoved, v.key, st.index, v.change});
+    if (v.change) events->push_back({KvEvent::Type::kRemoved, v.key, st.index, v.change});
 }
 
 void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Status> results,

@@ -70,14 +70,17 @@ uint64_t BlockIndex::RemoveTier(const BlockKey& key, int tier) {
   return had ? changes_.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
 }
 
-uint64_t BlockIndex::TryRemoveUnpinned(const BlockKey& key, int tier) {
+std::optional<uint64_t> BlockIndex::TryRemoveUnpinned(const BlockKey& key, int tier) {
   Shard& s = ShardOf(key);
   WriterLock lock(&s.mu);
   IndexEntry* e = s.map.Find(key);
-  if (!e || e->pins > 0) return 0;
-  e->tiers &= ~(TierMask{1} << tier);
+  if (!e) return 0;
+  if (e->pins > 0) return std::nullopt;
+  const TierMask bit = TierMask{1} << tier;
+  const bool had = (e->tiers & bit) != 0;
+  e->tiers &= ~bit;
   if (e->tiers == 0) s.map.Erase(key);
-  return changes_.fetch_add(1, std::memory_order_relaxed) + 1;
+  return had ? changes_.fetch_add(1, std::memory_order_relaxed) + 1 : 0;
 }
 
 bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -86,10 +87,10 @@ class BlockIndex {
   bool Get(const BlockKey& key, IndexEntry* entry) const;
   bool IsPinned(const BlockKey& key) const;
   // Clears tier from key's mask unless the key is pinned; drops the entry when no tier remains.
-  // The eviction primitive: check and removal are atomic. Returns 0 when the key is pinned or
-  // has no entry; otherwise a new change number, even when the key was not resident in that
-  // tier (then nothing changed; RemoveTier returns 0 there).
-  uint64_t TryRemoveUnpinned(const BlockKey& key, int tier);
+  // The eviction primitive: check and removal are atomic. Returns nullopt when the key is
+  // pinned (it stays); otherwise the change's number, or 0 when the key was not resident in
+  // that tier (nothing changed, no number is taken, and the caller reports no removal).
+  std::optional<uint64_t> TryRemoveUnpinned(const BlockKey& key, int tier);
 
   // Longest resident prefixes of chain, per tier and overall, with the per-block masks.
   void Match(std::span<const BlockKey> chain, MatchResult* result) const;

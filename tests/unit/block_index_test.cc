@@ -68,13 +68,29 @@ TEST(BlockIndexTest, PinsBlockEvictionUntilReleased) {
     index.MatchAndPin(c, &m, &pins);
     EXPECT_EQ(pins.size(), 3u);
     EXPECT_TRUE(index.IsPinned(c[1]));
-    EXPECT_FALSE(index.TryRemoveUnpinned(c[1], 0));
+    EXPECT_EQ(index.TryRemoveUnpinned(c[1], 0), std::nullopt);
     PinSet moved = std::move(pins);  // move-only: the pins travel with it
     EXPECT_TRUE(pins.empty());
     EXPECT_TRUE(index.IsPinned(c[1]));
   }
   EXPECT_FALSE(index.IsPinned(c[1]));
-  EXPECT_TRUE(index.TryRemoveUnpinned(c[1], 0));
+  EXPECT_GT(index.TryRemoveUnpinned(c[1], 0).value_or(0), 0u);
+}
+
+// A key not resident in the tier asked for is not removed from it: no change number is taken,
+// so no KV event reports a removal that did not happen, and the next change follows on.
+TEST(BlockIndexTest, TryRemoveUnpinnedOfATierTheKeyLacksChangesNothing) {
+  BlockIndex index;
+  auto c = Chain(2);
+  const uint64_t first = index.AddTier(c[0], 1, 7);
+  EXPECT_EQ(index.TryRemoveUnpinned(c[0], 0), std::optional<uint64_t>(0));
+  EXPECT_EQ(index.TryRemoveUnpinned(c[1], 0), std::optional<uint64_t>(0));  // no entry
+  IndexEntry e;
+  ASSERT_TRUE(index.Get(c[0], &e));
+  EXPECT_EQ(e.tiers, TierMask{1} << 1);
+  EXPECT_EQ(e.checksum, 7u);
+  EXPECT_EQ(index.TryRemoveUnpinned(c[0], 1), std::optional<uint64_t>(first + 1));
+  EXPECT_FALSE(index.Get(c[0], &e));
 }
 
 // 1 key takes the per-key locks, 1000 the all-shards path.
@@ -115,7 +131,7 @@ TEST(BlockIndexTest, LongChainsCrossChunks) {
     EXPECT_FALSE(index.IsPinned(c[35001]));
   }
   EXPECT_FALSE(index.IsPinned(c[34999]));
-  EXPECT_TRUE(index.TryRemoveUnpinned(c[34999], 0));
+  EXPECT_GT(index.TryRemoveUnpinned(c[34999], 0).value_or(0), 0u);
 }
 
 // Match against a model, on the per-key path (short chains) and the batched one (long chains),
