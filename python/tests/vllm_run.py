@@ -1,6 +1,6 @@
 """One vLLM run in this process, for test_vllm.py: prints one JSON line with what happened.
 
-    python vllm_run.py make-model DIR
+    python vllm_run.py make-model DIR [tiny|wide]
     python vllm_run.py run SPEC_JSON
     python vllm_run.py serve SPEC_JSON   (the 0%-hit throughput, driven over stdin; see serve())
 
@@ -31,13 +31,21 @@ BLOCK_SIZE = 32  # vLLM's block (the CPU kernels want a multiple of 32)
 KVTIER_BLOCK = 128  # 4 vLLM blocks per kvtier block
 
 
-def make_model(path: str) -> None:
+# (hidden, FFN, attention heads, weight std). Both have the same KV layout (4 layers, 2 KV heads
+# of 64, fp32), so one daemon serves both. "tiny" is the test model: its KV is large for its
+# compute (hidden 256), the hardest case for the cost on misses. "wide" has a Llama's
+# proportions (FFN 4x hidden, 8 query heads per KV head) and is only measured, never compared.
+MODELS = {"tiny": (256, 512, 4, 0.08), "wide": (1024, 4096, 16, 0.04)}
+
+
+def make_model(path: str, kind: str = "tiny") -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    hidden, ffn, heads, std = MODELS[kind]
     torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=ffn,
+                      num_hidden_layers=4, num_attention_heads=heads, num_key_value_heads=2,
                       head_dim=64, max_position_embeddings=4096, torch_dtype="float32",
                       tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg)
@@ -45,7 +53,7 @@ def make_model(path: str) -> None:
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.08)
+                p.normal_(0.0, std)
     model.to(torch.float32).save_pretrained(path, safe_serialization=True)
     print(json.dumps({"model": path}))
 
@@ -234,7 +242,7 @@ def serve(spec: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "make-model":
-        make_model(sys.argv[2])
+        make_model(*sys.argv[2:4])
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
     else:
