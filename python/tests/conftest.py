@@ -38,8 +38,6 @@ def pytest_sessionfinish(session, exitstatus):
            "miss_rounds": SUMMARY.get("miss_rounds"),
            "miss_throughput_ratio_same_process": SUMMARY.get("miss_throughput_ratio_same_process"),
            "miss_rounds_same_process": SUMMARY.get("miss_rounds_same_process"),
-           "miss_hook_share": SUMMARY.get("miss_hook_share"),
-           "miss_throughput_ratio_wide": SUMMARY.get("miss_throughput_ratio_wide"),
-           "miss_rounds_wide": SUMMARY.get("miss_rounds_wide")}
+           "miss_hook_share": SUMMARY.get("miss_hook_share")}
     with open(path, "w") as f:
         json.dump(doc, f)

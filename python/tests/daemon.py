@@ -53,9 +53,6 @@ class Daemon:
             time.sleep(0.05)
         return self
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
     def stop(self) -> int:
         """SIGTERM (drain) and its exit status."""
         if self.proc is None:

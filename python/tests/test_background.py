@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier.integrations.background import Saver, StagingPool
+from kvtier.integrations.background import Saver, StagingPool, check_nice, runs_idle
 
 
 def small_layout():
@@ -35,15 +35,18 @@ class GatedCache:
     """Stands in for a KvCache whose stores wait for a gate: the saver's queue and waits can be
     observed while a store is in flight."""
 
-    def __init__(self, fail_first=False):
+    def __init__(self, fail_first=False, gate_only_first=False):
         self.gate = threading.Event()
         self.entered = threading.Event()  # a store is in flight
         self.stored = []
         self.fail_first = fail_first
+        self.gate_only_first = gate_only_first  # later stores pass at once
 
     def store_keys(self, keys, blocks, **kw):
+        first = not self.entered.is_set()
         self.entered.set()
-        assert self.gate.wait(30), "the test never opened the gate"
+        if first or not self.gate_only_first:
+            assert self.gate.wait(30), "the test never opened the gate"
         if self.fail_first and not self.stored:
             self.stored.append(None)
             raise kvtier.Unavailable("the daemon went away")
@@ -72,12 +75,34 @@ def test_wait_for_waits_only_for_keys_being_stored():
     saver = Saver(fake, nice=None)
     mine, other = [(1, 1), (1, 2)], [(2, 1)]
     assert saver.put([(mine, None, 0, "", "")], lambda results: None)
+    assert fake.entered.wait(30)  # in flight on the saver's thread
     assert saver.wait_for(other, timeout=0.0)  # not being stored: no wait at all
     assert not saver.wait_for(mine, timeout=0.05)  # still in flight: the timeout bounds it
     assert not saver.wait_idle(0.05)
     fake.gate.set()
     assert saver.wait_for(mine, timeout=30) and saver.wait_idle(30)
     assert fake.stored == [mine]
+
+
+def test_a_waiter_stores_queued_keys_itself_and_waits_only_for_those_in_flight():
+    # The saver's thread is held inside the first store (as a thread at SCHED_IDLE is when
+    # other threads keep every CPU busy); a lookup needing the second batch stores it itself.
+    fake = GatedCache(gate_only_first=True)
+    saver = Saver(fake, nice=None)
+    first, second, third = [(1, 1)], [(2, 1)], [(3, 1)]
+    ran_on = {}
+    assert saver.put([(first, None, 0, "", "")], lambda r: None)
+    assert fake.entered.wait(30)
+    for name, keys in (("second", second), ("third", third)):
+        assert saver.put([(keys, None, 0, "", "")],
+                         lambda r, name=name: ran_on.setdefault(name, threading.get_ident()))
+    assert saver.wait_for(second, timeout=0.0)  # stored on this thread: no wait at all
+    assert fake.stored == [second] and ran_on == {"second": threading.get_ident()}
+    assert not saver.wait_for(first, timeout=0.05)  # in flight on the thread: waited for
+    assert not saver.wait_idle(0.05)
+    fake.gate.set()
+    assert saver.wait_idle(30)
+    assert fake.stored == [second, first, third] and ran_on["third"] == saver.thread.ident
 
 
 def test_full_queue_refuses_a_batch_and_keeps_the_rest():
@@ -135,6 +160,22 @@ def test_saver_thread_runs_at_its_nice_level():
     own = os.getpriority(os.PRIO_PROCESS, 0)
     want = 12 if (12 > own or os.geteuid() == 0) else own
     assert os.getpriority(os.PRIO_PROCESS, saver.thread.native_id) == want
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
+def test_saver_thread_runs_at_sched_idle_by_default():
+    fake = GatedCache()
+    fake.gate.set()
+    saver = Saver(fake)
+    assert saver.put([([(1, 1)], None, 0, "", "")], lambda r: None) and saver.wait_idle(30)
+    assert runs_idle(saver.thread.native_id) and not runs_idle(threading.get_native_id())
+
+
+def test_nice_levels_are_checked():
+    assert check_nice("idle") == "idle" and check_nice(None) is None and check_nice("7") == 7
+    for bad in ("low", 20, -21, 1.5j):
+        with pytest.raises(ValueError, match="nice level"):
+            check_nice(bad)
 
 
 def test_staging_pool_reuses_buffers_by_identity_across_sizes():

@@ -244,35 +244,40 @@ class _Served:
 
 
 MISS_ROUNDS = 9
-WIDE_ROUNDS = 5
 
 
-def measure_misses(env, model, rounds, tag, across=True):
-    """Runs `rounds` rounds of 0%-hit batches in a process with the connector (its connector on
-    and off between batches) and, when `across`, in one without it; returns the figures.
-
-    Mirrored within a round (none, on, off, off, on, none; odd rounds start with on instead): a
-    load that rises or falls steadily during the round weighs on every run alike. A run's figure
-    for the round is the better of its two batches: neighbours only ever slow a batch down.
-    Every batch has prompts of its own, so nothing ever hits."""
-    base = {"model": model, "prefix_caching": False, "requests": 8}
-    sides = {"kvtier": _Served(dict(base, kvtier=kvtier_config(env, tag)),
-                               str(env["root"] / f"serve-{tag}-kvtier.log"))}
-    if across:
-        sides["none"] = _Served(dict(base, kvtier=None), str(env["root"] / f"serve-{tag}-none.log"))
+def test_miss_throughput_paired(env):
+    """The cost of the connector on a workload with 0% hits, paired two ways, both processes
+    started fresh and kept:
+    - across processes (the bar's own terms): the process with the connector against the one
+      without, batch for batch, round by round;
+    - in one process: the connector's process with its connector on and off between batches
+      (off: no external hit, no transfer planned; vLLM's connector plumbing stays). Without
+      transparent huge pages (vllm_run.py asks torch for them) two vLLM processes differed by
+      several per cent with no connector at all; this way no such difference can enter.
+    Each figure is the median of the rounds' ratios."""
+    env["daemon"].start()  # F killed it: the with-connector side talks to a live daemon
+    base = {"model": env["model"], "prefix_caching": False, "requests": 8}
+    sides = {"none": _Served(dict(base, kvtier=None), str(env["root"] / "serve-none.log")),
+             "kvtier": _Served(dict(base, kvtier=kvtier_config(env, "M")),
+                               str(env["root"] / "serve-kvtier.log"))}
     try:
         ready = {k: s.expect("KVTIER_READY", 600) for k, s in sides.items()}
-        assert ready["kvtier"]["connector"] and not ready.get("none", {}).get("connector")
-        across_r, same, hook_s, on_s, batch_s, batch = [], [], 0.0, 0.0, [], 0
+        assert ready["kvtier"]["connector"] and not ready["none"]["connector"]
+        rounds, same, hook_s, on_s, batch_s, batch = [], [], 0.0, 0.0, [], 0
         on_batches, bg_s, cpu = 0, 0.0, {"on": [0.0, 0.0], "off": [0.0, 0.0]}
-        for r in range(rounds):
+        for r in range(MISS_ROUNDS):
+            # Mirrored within a round (none, on, off, off, on, none; odd rounds start with on
+            # instead): a load that rises or falls steadily during the round weighs on every
+            # run alike. A run's figure for the round is the better of its two batches:
+            # neighbours only ever slow a batch down. Every batch has prompts of its own, so
+            # nothing ever hits.
             half = [("none", ""), ("kvtier", "on"), ("kvtier", "off")]
             if r % 2:
                 half = half[1:] + half[:1]
-            if not across:
-                half = [h for h in half if h[0] != "none"]
+            order = half + half[::-1]
             best = {}
-            for side, mode in half + half[::-1]:
+            for side, mode in order:
                 batch += 1
                 sides[side].send(f"batch {batch} {mode}".strip())
                 got = sides[side].expect("KVTIER_BATCH", 300)
@@ -284,10 +289,10 @@ def measure_misses(env, model, rounds, tag, across=True):
                     on_s += got["seconds"]
                     bg_s += sum(got["background_cpu_seconds"].values())
                 if side == "kvtier":
+                    tokens = got["tokens_per_s"] * got["seconds"]
                     cpu[mode][0] += got["cpu_seconds"]
-                    cpu[mode][1] += got["tokens_per_s"] * got["seconds"]
-            if across:
-                across_r.append(best[("kvtier", "on")] / best[("none", "")])
+                    cpu[mode][1] += tokens
+            rounds.append(best[("kvtier", "on")] / best[("none", "")])
             same.append(best[("kvtier", "on")] / best[("kvtier", "off")])
         for s in sides.values():
             s.send("quit")
@@ -298,7 +303,7 @@ def measure_misses(env, model, rounds, tag, across=True):
     # The connector was really on the path when on: its hooks ran for every request and step,
     # and every full block of the misses was stored (8 prompts of 500 tokens and 16 generated:
     # 515 tokens with KV, 4 whole blocks of 128 each), by a saver thread at saver_nice's
-    # default level. Off, nothing was stored.
+    # default, SCHED_IDLE. Off, nothing was stored.
     calls, counters = done["kvtier"]["hook_calls"], done["kvtier"]["counters"]
     n_batches = on_batches + 1  # and the warm-up
     assert calls.get("get_num_new_matched_tokens", 0) >= 8 * n_batches, calls
@@ -306,62 +311,20 @@ def measure_misses(env, model, rounds, tag, across=True):
     assert counters.get("lookup_requests", 0) >= 8 * n_batches, counters
     assert counters.get("save_blocks", 0) == 32 * n_batches, counters
     assert counters.get("lookup_hit_tokens", 0) == 0, counters
-    assert done["kvtier"]["saver_nice"] and all(n >= 10 for n in done["kvtier"]["saver_nice"])
-    return {"across": across_r, "same": same, "hook_share": hook_s / on_s,
-            "background_share": bg_s / on_s, "batch_s": (min(batch_s), max(batch_s)),
-            "cpu_per_token": (cpu["on"][0] / cpu["on"][1]) / (cpu["off"][0] / cpu["off"][1]),
-            "hook_seconds": done["kvtier"].get("hook_seconds")}
-
-
-def describe(m):
-    """The common tail of the printed figures."""
-    lo, hi = m["batch_s"]
-    return (f"(batches of {lo:.2f}-{hi:.2f}s, load average {os.getloadavg()[0]:.1f} on "
-            f"{os.cpu_count()} CPUs); the connector's hooks took {100 * m['hook_share']:.2f}% of "
-            f"the connector-on batches' time, its background threads "
-            f"{100 * m['background_share']:.2f}% of one CPU; the process's CPU per token on/off "
-            f"{m['cpu_per_token']:.3f}")
-
-
-def test_miss_throughput_paired(env):
-    """The cost of the connector on a workload with 0% hits, paired two ways, both processes
-    started fresh and kept:
-    - across processes (the bar's own terms): the process with the connector against the one
-      without, batch for batch, round by round;
-    - in one process: the connector's process with its connector on and off between batches
-      (off: no external hit, no transfer planned; vLLM's connector plumbing stays). Two vLLM
-      processes differ by several per cent with no connector at all (their memory placement),
-      and this way that difference is gone.
-    Each figure is the median of the rounds' ratios."""
-    env["daemon"].start()  # F killed it: the with-connector side talks to a live daemon
-    m = measure_misses(env, env["model"], MISS_ROUNDS, "M")
-    ratio, same_ratio = statistics.median(m["across"]), statistics.median(m["same"])
+    assert done["kvtier"]["saver_idle"] and all(done["kvtier"]["saver_idle"])
+    ratio, same_ratio = statistics.median(rounds), statistics.median(same)
+    share = hook_s / on_s
     SUMMARY["miss_throughput_ratio"] = round(ratio, 3)
-    SUMMARY["miss_rounds"] = [round(x, 3) for x in m["across"]]
+    SUMMARY["miss_rounds"] = [round(x, 3) for x in rounds]
     SUMMARY["miss_throughput_ratio_same_process"] = round(same_ratio, 3)
-    SUMMARY["miss_rounds_same_process"] = [round(x, 3) for x in m["same"]]
-    SUMMARY["miss_hook_share"] = round(m["hook_share"], 4)
+    SUMMARY["miss_rounds_same_process"] = [round(x, 3) for x in same]
+    SUMMARY["miss_hook_share"] = round(share, 4)
     print(f"\n0%-hit throughput with/without the connector over {MISS_ROUNDS} rounds: across "
-          f"processes median {ratio:.3f} {SUMMARY['miss_rounds']}; in one process (connector "
-          f"on/off) median {same_ratio:.3f} {SUMMARY['miss_rounds_same_process']} {describe(m)}; "
-          f"hook seconds {m['hook_seconds']}")
-
-
-def test_miss_throughput_wide(env, tmp_path):
-    """The same cost on a model with a Llama's proportions ("wide" in vllm_run.py: hidden 1024,
-    FFN 4096, 16 query heads on 2 KV heads) and the test model's KV layout: the connector moves
-    the same bytes per token, vLLM's weights cost about 24x the FLOPs for them. Still about 4x
-    the KV bytes per FLOP of Llama-3-8B in bf16. In one process, connector on and off."""
-    if not env["daemon"].alive():
-        env["daemon"].start()
-    model = str(tmp_path / "wide-llama")
-    p = subprocess.run([sys.executable, RUNNER, "make-model", model, "wide"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    m = measure_misses(env, model, WIDE_ROUNDS, "W", across=False)
-    same_ratio = statistics.median(m["same"])
-    SUMMARY["miss_throughput_ratio_wide"] = round(same_ratio, 3)
-    SUMMARY["miss_rounds_wide"] = [round(x, 3) for x in m["same"]]
-    print(f"\n0%-hit throughput, Llama-proportioned model, connector on/off in one process over "
-          f"{WIDE_ROUNDS} rounds: median {same_ratio:.3f} {SUMMARY['miss_rounds_wide']} "
-          f"{describe(m)}")
+          f"processes median {ratio:.3f} {[round(x, 3) for x in rounds]}; in one process "
+          f"(connector on/off) median {same_ratio:.3f} {[round(x, 3) for x in same]} (batches "
+          f"of {min(batch_s):.2f}-{max(batch_s):.2f}s, load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs); the connector's hooks took {100 * share:.2f}% of the "
+          f"connector-on batches' time, its background threads {100 * bg_s / on_s:.2f}% of one "
+          f"CPU; the process's CPU per token on/off "
+          f"{(cpu['on'][0] / cpu['on'][1]) / (cpu['off'][0] / cpu['off'][1]):.3f}; "
+          f"hook seconds {done['kvtier']['hook_seconds']}")

@@ -1,6 +1,6 @@
 """One vLLM run in this process, for test_vllm.py: prints one JSON line with what happened.
 
-    python vllm_run.py make-model DIR [tiny|wide]
+    python vllm_run.py make-model DIR
     python vllm_run.py run SPEC_JSON
     python vllm_run.py serve SPEC_JSON   (the 0%-hit throughput, driven over stdin; see serve())
 
@@ -21,6 +21,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+# Transparent huge pages for torch's large CPU allocations (weights, the KV pages): without
+# them two processes started alike differed by up to 16% in CPU per token here, with them by
+# under 6%, so runs compared across processes compare the runs, not their page placement.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 # One process: the engine core runs in this process and the worker inside it (executor "uni"),
 # so vLLM and torch are imported once per run (each import costs tens of seconds here).
@@ -31,21 +35,13 @@ BLOCK_SIZE = 32  # vLLM's block (the CPU kernels want a multiple of 32)
 KVTIER_BLOCK = 128  # 4 vLLM blocks per kvtier block
 
 
-# (hidden, FFN, attention heads, weight std). Both have the same KV layout (4 layers, 2 KV heads
-# of 64, fp32), so one daemon serves both. "tiny" is the test model: its KV is large for its
-# compute (hidden 256), the hardest case for the cost on misses. "wide" has a Llama's
-# proportions (FFN 4x hidden, 8 query heads per KV head) and is only measured, never compared.
-MODELS = {"tiny": (256, 512, 4, 0.08), "wide": (1024, 4096, 16, 0.04)}
-
-
-def make_model(path: str, kind: str = "tiny") -> None:
+def make_model(path: str) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, ffn, heads, std = MODELS[kind]
     torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=ffn,
-                      num_hidden_layers=4, num_attention_heads=heads, num_key_value_heads=2,
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=64, max_position_embeddings=4096, torch_dtype="float32",
                       tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg)
@@ -53,7 +49,7 @@ def make_model(path: str, kind: str = "tiny") -> None:
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, std)
+                p.normal_(0.0, 0.08)
     model.to(torch.float32).save_pretrained(path, safe_serialization=True)
     print(json.dumps({"model": path}))
 
@@ -188,7 +184,7 @@ def serve(spec: dict) -> None:
           (h: time in the connector's hooks; c: this process's CPU time; b: the connector's
           background threads' CPU time; "off" turns the connector's work off for that batch,
           see make_switchable)
-      stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}, "saver_nice": [...]},
+      stdin "quit"    -> KVTIER_DONE {"hook_calls": {...}, "counters": {...}, "saver_idle": [...]},
                          after the saves
     """
     proto = os.fdopen(os.dup(1), "w", buffering=1)
@@ -234,7 +230,7 @@ def serve(spec: dict) -> None:
                 doc = {"hook_calls": dict(hooks.HOOK_CALLS),
                        "hook_seconds": dict(hooks.HOOK_SECONDS_BY_NAME),
                        "counters": hooks.connector_counters(),
-                       "saver_nice": [os.getpriority(os.PRIO_PROCESS, s.thread.native_id)
+                       "saver_idle": [background.runs_idle(s.thread.native_id)
                                       for s in background.savers()]}
             say("KVTIER_DONE", doc)
             break
@@ -242,7 +238,7 @@ def serve(spec: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "make-model":
-        make_model(*sys.argv[2:4])
+        make_model(sys.argv[2])
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
     else:

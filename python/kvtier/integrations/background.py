@@ -1,13 +1,15 @@
 """An engine connector's background stores, engine-neutral (no vLLM or torch import).
 
-    saver = saver_for(cache, nice=10)    # one per KvCache in this process
+    saver = saver_for(cache, nice="idle")  # one per KvCache in this process
     saver.put([(keys, blocks, first_block, tenant, lora_id)], done)
     saver.wait_for(keys, timeout)        # a lookup that needs blocks still being stored
     pool = StagingPool(make)             # reused staging buffers: make(n) -> n blocks
 
 A step copies its new blocks into a staging buffer once and hands them to the saver, whose
 thread stores them while the engine computes on; a bounded queue drops a step's batch when the
-tiers fall behind (a later miss), never memory without bound.
+tiers fall behind (a later miss), never memory without bound. At nice "idle" the thread runs
+only on CPU time no other thread wants, and a lookup that needs a batch still queued stores it
+itself, at its own priority.
 Thread-safety: every function and method may be called from any thread.
 """
 
@@ -25,18 +27,46 @@ import kvtier
 logger = logging.getLogger("kvtier")
 
 
-def lower_priority(nice: int | None, log: logging.Logger = logger) -> None:
-    """Sets the calling thread's nice level (Linux: per thread), so background work yields the
-    CPU to the engine's forward pass. Never fatal: a level the process may not take (below its
-    own, without privilege) is left as it is."""
-    if nice is None or not hasattr(os, "setpriority"):
+Nice = int | str | None  # a nice level, "idle" (SCHED_IDLE), or None: the process's own
+
+
+def check_nice(nice: Nice) -> Nice:
+    """nice as lower_priority takes it; ValueError naming it otherwise."""
+    if nice is None or nice == "idle":
+        return nice
+    try:
+        level = int(nice)
+    except (TypeError, ValueError):
+        raise ValueError(f"nice level {nice!r}: want 'idle', a number from -20 to 19, or "
+                         "null") from None
+    if not -20 <= level <= 19:
+        raise ValueError(f"nice level {level}: want 'idle', a number from -20 to 19, or null")
+    return level
+
+
+def lower_priority(nice: Nice, log: logging.Logger = logger) -> None:
+    """Lowers the calling thread's priority (Linux: per thread), so background work yields the
+    CPU to the engine's forward pass. "idle": SCHED_IDLE, the thread runs only on CPU time no
+    other thread wants (an engine leaves some idle at every step); a number: that
+    nice level. Never fatal: a level the process may not take (below its own, without
+    privilege) is left as it is."""
+    if nice is None:
         return
     try:
         tid = threading.get_native_id()
-        if nice > os.getpriority(os.PRIO_PROCESS, tid) or os.geteuid() == 0:
+        if nice == "idle":
+            if hasattr(os, "SCHED_IDLE"):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        elif hasattr(os, "setpriority") and (
+                nice > os.getpriority(os.PRIO_PROCESS, tid) or os.geteuid() == 0):
             os.setpriority(os.PRIO_PROCESS, tid, int(nice))
     except OSError as e:
-        log.info("kvtier: cannot set the background thread's nice level to %s (%s)", nice, e)
+        log.info("kvtier: cannot lower the background thread's priority to %s (%s)", nice, e)
+
+
+def runs_idle(tid: int) -> bool:
+    """Whether thread tid runs at SCHED_IDLE (Linux)."""
+    return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(tid) == os.SCHED_IDLE
 
 
 # One batch entry: (keys as (hi, lo) pairs, blocks [n, ...], first_block, tenant, lora_id).
@@ -48,20 +78,22 @@ class Saver:
 
     A lookup whose own keys are still being stored waits for them (wait_for, bounded), so a
     prompt never misses the blocks its previous turn just produced; other lookups never wait.
-    At most MAX_PENDING batches wait; put() refuses more. The thread runs at nice level `nice`.
+    Keys still queued are stored by the waiter itself (with the batches queued before them), so
+    a waiter never waits on a thread the scheduler holds back. At most MAX_PENDING batches wait;
+    put() refuses more. The thread runs at `nice` (lower_priority).
     """
 
     MAX_PENDING = 64  # batches (one per engine step)
 
-    def __init__(self, cache: kvtier.KvCache, nice: int | None = 10,
+    def __init__(self, cache: kvtier.KvCache, nice: Nice = "idle",
                  log: logging.Logger = logger):
         self._cache = cache
-        self._nice = nice
+        self._nice = check_nice(nice)
         self._log = log
         self._cond = threading.Condition()
         self._queue: list = []
         self._pending: dict[tuple[int, int], int] = {}
-        self._busy = False
+        self._in_flight = 0  # batches being stored, by the thread or by waiters
         self.dropped = 0  # batches refused because the queue was full
         self.thread = threading.Thread(target=self._run, name="kvtier-saver", daemon=True)
         self.thread.start()
@@ -72,8 +104,8 @@ class Saver:
         return [k for entry in batch for k in entry[0]]
 
     def put(self, batch: list[Entry], done: Callable[[list], Any]) -> bool:
-        """Queues batch; once stored, done([(result, error)] one per entry) runs on the saver's
-        thread (error: what that entry's store raised, else None). False: the queue is
+        """Queues batch; once stored, done([(result, error)] one per entry) runs on the thread
+        that stored it (error: what that entry's store raised, else None). False: the queue is
         full and nothing was queued (done never runs)."""
         with self._cond:
             if len(self._queue) >= self.MAX_PENDING:
@@ -87,12 +119,23 @@ class Saver:
 
     def wait_for(self, keys, timeout: float) -> bool:
         """Waits until no key of keys ((hi, lo) pairs) is still being stored; False when timeout
-        ran out first."""
+        ran out first. Queued batches up to the last that holds one of keys are stored on this
+        thread; timeout bounds only the wait for batches already in flight."""
         with self._cond:
             if not self._pending or not any(k in self._pending for k in keys):
                 return True
             deadline = time.monotonic() + timeout
+            want = set(keys)
             while any(k in self._pending for k in keys):
+                if any(k in want for batch, _ in self._queue for k in self._keys(batch)):
+                    item = self._queue.pop(0)
+                    self._in_flight += 1
+                    self._cond.release()
+                    try:
+                        self._store(*item)
+                    finally:
+                        self._cond.acquire()
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -103,7 +146,7 @@ class Saver:
         """Waits until every queued batch is stored; False when timeout ran out first."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
+            while self._queue or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -116,30 +159,36 @@ class Saver:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                batch, done = self._queue.pop(0)
-                self._busy = True
-            results = []
-            for keys, blocks, first_block, tenant, lora_id in batch:
-                result, error = None, None
-                try:
-                    result = self._cache.store_keys(
-                        [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
-                        first_block=first_block, tenant=tenant, lora_id=lora_id)
-                except Exception as e:  # noqa: BLE001 - one bad entry must not stop the saver
-                    error = e
-                results.append((result, error))
+                item = self._queue.pop(0)
+                self._in_flight += 1
+            self._store(*item)
+
+    def _store(self, batch, done) -> None:
+        """Stores one batch taken off the queue (self._in_flight counts it) and runs done."""
+        results = []
+        for keys, blocks, first_block, tenant, lora_id in batch:
+            result, error = None, None
             try:
-                done(results)
-            except Exception:  # noqa: BLE001 - a bug in a callback must not stop the saver
-                self._log.exception("kvtier: save completion failed")
-            finally:
-                with self._cond:
-                    for k in self._keys(batch):
-                        n = self._pending.pop(k) - 1
-                        if n:
-                            self._pending[k] = n
-                    self._busy = False
-                    self._cond.notify_all()
+                result = self._cache.store_keys(
+                    [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
+                    first_block=first_block, tenant=tenant, lora_id=lora_id)
+            except Exception as e:  # noqa: BLE001 - one bad entry must not stop the saver
+                error = e
+            results.append((result, error))
+        try:
+            done(results)
+        except Exception:  # noqa: BLE001 - a bug in a callback must not stop the saver
+            self._log.exception("kvtier: save completion failed")
+        finally:
+            with self._cond:
+                for k in self._keys(batch):
+                    n = self._pending[k] - 1
+                    if n == 0:
+                        del self._pending[k]
+                    else:
+                        self._pending[k] = n
+                self._in_flight -= 1
+                self._cond.notify_all()
 
 
 class StagingPool:
@@ -181,9 +230,9 @@ _lock = threading.Lock()
 _savers: dict[int, Saver] = {}
 
 
-def saver_for(cache: kvtier.KvCache, nice: int | None = 10,
+def saver_for(cache: kvtier.KvCache, nice: Nice = "idle",
               log: logging.Logger = logger) -> Saver:
-    """The process's one Saver of cache (made on first use, at nice level nice)."""
+    """The process's one Saver of cache (made on first use, at nice)."""
     with _lock:
         saver = _savers.get(id(cache))
         if saver is None:

@@ -64,6 +64,7 @@ from kvtier.backends import model_fingerprint  # noqa: E402
 from kvtier.integrations.background import (  # noqa: E402
     Saver,
     StagingPool,
+    check_nice,
     lower_priority,
     saver_for,
     wait_saves,
@@ -267,8 +268,10 @@ class KvtierConnector(KVConnectorBase_V1):
             self._kv_transfer_config.kv_load_failure_policy = policy
         self._stats_path = extra.get("stats_path")
         self._save_wait_s = float(extra.get("save_wait_s", 5.0))
-        nice = extra.get("saver_nice", 10)
-        self._nice = None if nice is None else int(nice)
+        try:
+            self._nice = check_nice(extra.get("saver_nice", "idle"))
+        except ValueError as e:
+            raise ValueError(f"kvtier connector: saver_nice: {e}") from None
         self._counters = _Counters()
         self._warned: set[str] = set()
         self._cache: kvtier.KvCache | None = None
