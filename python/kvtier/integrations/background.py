@@ -128,8 +128,7 @@ class Saver:
             want = set(keys)
             while any(k in self._pending for k in keys):
                 if any(k in want for batch, _ in self._queue for k in self._keys(batch)):
-                    item = self._queue.pop(0)
-                    self._in_flight += 1
+                    item = self._take()
                     self._cond.release()
                     try:
                         self._store(*item)
@@ -159,9 +158,13 @@ class Saver:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
-                item = self._queue.pop(0)
-                self._in_flight += 1
+                item = self._take()
             self._store(*item)
+
+    def _take(self):
+        """The queue's head, counted in flight; the caller holds self._cond."""
+        self._in_flight += 1
+        return self._queue.pop(0)
 
     def _store(self, batch, done) -> None:
         """Stores one batch taken off the queue (self._in_flight counts it) and runs done."""
@@ -182,10 +185,8 @@ class Saver:
         finally:
             with self._cond:
                 for k in self._keys(batch):
-                    n = self._pending[k] - 1
-                    if n == 0:
-                        del self._pending[k]
-                    else:
+                    n = self._pending.pop(k) - 1
+                    if n:
                         self._pending[k] = n
                 self._in_flight -= 1
                 self._cond.notify_all()
