@@ -56,7 +56,8 @@ struct ClientStats {
   uint64_t missed_lookups = 0;  // lookups answered 0 hits for want of a daemon
   uint64_t dropped_stores = 0;  // Store calls dropped for want of a daemon
   uint64_t dropped_blocks = 0;
-  uint64_t expired_loads = 0;  // Loads refused: lease lost or expired
+  uint64_t expired_loads = 0;   // Loads refused: lease lost or expired
+  uint64_t corrupt_blocks = 0;  // blocks whose arena bytes failed their checksum (recomputed)
 };
 
 // The daemon's view: its cache's stats and its own counters (kvtier status).

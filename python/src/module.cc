@@ -797,6 +797,7 @@ NB_MODULE(_kvtier, m) {
              d["dropped_stores"] = s.dropped_stores;
              d["dropped_blocks"] = s.dropped_blocks;
              d["expired_loads"] = s.expired_loads;
+             d["corrupt_blocks"] = s.corrupt_blocks;
              return d;
            })
       .def("flush", [](Client& c) {

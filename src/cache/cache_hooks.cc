@@ -1,10 +1,12 @@
 // What the daemon does to a Cache beyond the KvCache calls (src/cache/cache_hooks.h): the shared
 // host arena's reservations and commits, flush and drop.
+#include <map>
+
 #include "cache/cache_impl.h"
 
 namespace kvtier {
 
-size_t Cache::Impl::ReserveHost(size_t n, std::vector<uint32_t>* slots) {
+size_t Cache::Impl::ReserveHost(int partition, size_t n, std::vector<uint32_t>* slots) {
   TierState& st = *tiers_[0];
   auto* host = static_cast<HostTier*>(st.tier.get());
   std::vector<PendingEvent> events;
@@ -13,13 +15,37 @@ size_t Cache::Impl::ReserveHost(size_t n, std::vector<uint32_t>* slots) {
   size_t fit = 0;
   {
     MutexLock lock(&st.mu);
-    fit = MakeRoom(st, n, &victims);
+    if (!host->bounded()) {
+      fit = MakeRoom(st, n, &victims);
+    } else {
+      // Tenant bounds: over its max_share a tenant evicts its own blocks first; others are
+      // evicted for it only down to their reserved share (counted as they are picked).
+      const uint64_t held = host->partition_slots(partition);
+      const uint64_t max = host->bounds(partition).max_slots;
+      const std::function<bool(const BlockKey&)> own = [&](const BlockKey& k) {
+        return host->PartitionOf(k) == partition;
+      };
+      const size_t over = held + n > max ? held + n - max : 0;
+      if (over > 0) MakeRoom(st, 0, &victims, &own, over);
+      const size_t room = static_cast<size_t>(held - std::min<uint64_t>(held, victims.size()));
+      const size_t want = std::min<size_t>(n, max > room ? max - room : 0);
+      std::map<int, uint64_t> picked;
+      const std::function<bool(const BlockKey&)> fair = [&](const BlockKey& k) {
+        const int q = host->PartitionOf(k);
+        if (q == partition) return true;
+        const uint64_t left = host->partition_slots(q) - picked[q];
+        if (left <= host->bounds(q).reserved_slots) return false;
+        ++picked[q];
+        return true;
+      };
+      fit = want ? MakeRoom(st, want, &victims, &fair) : 0;
+    }
     st.reserved += fit;
   }
   EvictOut(st, victims, &events, &down);
   EmitAll(events);
   Dispatch(std::move(down));
-  const size_t got = host->ReserveSlots(fit, slots);
+  const size_t got = host->ReserveSlots(partition, fit, slots);
   if (got < fit) {  // cannot happen while the policy's size is the tier's occupancy
     MutexLock lock(&st.mu);
     st.reserved -= fit - got;
@@ -47,8 +73,8 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
   BlockBatch b;
   b.now_s = MonotonicSeconds();
   for (size_t j = 0; j < keys.size(); ++j)
-    b.Add(keys[j], ConstBlock(host->arena() + host->SlotOffset(slots[j]), host->block_bytes()),
-          checksums[j], first_block + static_cast<uint32_t>(j), prefix_tokens, 0);
+    b.Add(keys[j], ConstBlock(host->SlotPtr(slots[j]), host->block_bytes()), checksums[j],
+          first_block + static_cast<uint32_t>(j), prefix_tokens, 0);
   // Synchronous writes: lower tiers first, from the still-reserved slots: nobody can evict or
   // reuse a reserved slot, so the bytes written down are the bytes committed.
   if (lower && !async_) {
@@ -202,8 +228,8 @@ HostTier& CacheHooks::SharedHost(Cache& cache) {
   return *static_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
 }
 
-size_t CacheHooks::Reserve(Cache& cache, size_t n, std::vector<uint32_t>* slots) {
-  return cache.impl_->ReserveHost(n, slots);
+size_t CacheHooks::Reserve(Cache& cache, int partition, size_t n, std::vector<uint32_t>* slots) {
+  return cache.impl_->ReserveHost(partition, n, slots);
 }
 
 void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {
@@ -214,6 +240,14 @@ StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
                                std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
                                uint32_t first_block) {
   return cache.impl_->CommitHost(keys, slots, checksums, first_block);
+}
+
+void CacheHooks::Checksums(const Cache& cache, std::span<const BlockKey> keys,
+                           std::span<uint64_t> out) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    IndexEntry e;
+    out[i] = cache.impl_->index_.Get(keys[i], &e) ? e.checksum : 0;
+  }
 }
 
 uint64_t CacheHooks::ClearManaged(Cache& cache) { return cache.impl_->ClearManaged(); }

@@ -24,9 +24,10 @@ class CacheHooks {
   static bool HasSharedHost(const Cache& cache);
   static HostTier& SharedHost(Cache& cache);
 
-  // Takes up to n slots of tier 0, evicting unpinned blocks by its policy to make room.
-  // Returns how many (appended to *slots); they count as occupied until Unreserve or Commit.
-  static size_t Reserve(Cache& cache, size_t n, std::vector<uint32_t>* slots);
+  // Takes up to n slots of tier 0's arena partition `partition` (HostTier::AddPartition),
+  // evicting unpinned blocks by its policy to make room. Returns how many (appended to
+  // *slots); they count as occupied until Unreserve or Commit.
+  static size_t Reserve(Cache& cache, int partition, size_t n, std::vector<uint32_t>* slots);
   static void Unreserve(Cache& cache, std::span<const uint32_t> slots);
 
   // Makes the reserved slots[i] resident as keys[i] (positions first_block.. of a chain) with
@@ -41,6 +42,10 @@ class CacheHooks {
   // returns (the client reads them from the arena), not in the background.
   static Result<LoadResult> LoadIntoHost(Cache& cache, const LookupResult& lookup,
                                          std::span<const MutableBlock> dst);
+
+  // out[i] = the checksum the index holds for keys[i] (0: none or not indexed).
+  static void Checksums(const Cache& cache, std::span<const BlockKey> keys,
+                        std::span<uint64_t> out);
 
   // Drops every unpinned block of the cache-managed tiers (host, emulated_device), with
   // removal events. Returns how many blocks.

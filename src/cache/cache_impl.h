@@ -232,7 +232,7 @@ class Cache::Impl {
   void Flush() KVTIER_EXCLUDES(writer_mu_);
 
   // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
-  size_t ReserveHost(size_t n, std::vector<uint32_t>* slots);
+  size_t ReserveHost(int partition, size_t n, std::vector<uint32_t>* slots);
   void UnreserveHost(std::span<const uint32_t> slots);
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                          std::span<const uint64_t> checksums, uint32_t first_block);
@@ -280,7 +280,11 @@ class Cache::Impl {
       KVTIER_EXCLUDES(st.mu, writer_mu_);
   // Takes victims out of a cache-managed tier's policy and index until `need` more blocks fit
   // (they count in st.reserved until EvictOut erases them); returns how many fit.
-  size_t MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims) KVTIER_REQUIRES(st.mu);
+  // Evicts by st's policy until `need` more blocks fit and at least min_victims were taken,
+  // only blocks for which allow(key) holds (all when null). Returns how many of need fit.
+  size_t MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims,
+                  const std::function<bool(const BlockKey&)>* allow = nullptr,
+                  size_t min_victims = 0) KVTIER_REQUIRES(st.mu);
   // Erases victims from st outside st.mu, after reading those the tier below lacks into one
   // write-back job (*down). The reservation that made room for them covers their slots.
   void EvictOut(TierState& st, const std::vector<Victim>& victims,

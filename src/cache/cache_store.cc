@@ -4,12 +4,17 @@
 
 namespace kvtier {
 
-size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims) {
+size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims,
+                             const std::function<bool(const BlockKey&)>* allow,
+                             size_t min_victims) {
   const uint64_t cap = st.tier->capacity_blocks();
   const TierMask below_bit = st.index + 1 < kMaxTiers ? TierMask{1} << (st.index + 1) : 0;
-  auto evictable = [this](const BlockKey& k) { return !index_.IsPinned(k); };
+  auto evictable = [this, allow](const BlockKey& k) {
+    return !index_.IsPinned(k) && (allow == nullptr || (*allow)(k));
+  };
   size_t attempts = 0;
-  while (st.policy->size() + st.reserved + need > cap) {
+  const size_t first = victims->size();
+  while (st.policy->size() + st.reserved + need > cap || victims->size() - first < min_victims) {
     std::optional<BlockKey> victim = st.policy->PickVictim(evictable);
     if (!victim) break;
     // Read the entry first: removing the last tier drops it, checksum and all.

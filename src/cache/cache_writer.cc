@@ -26,13 +26,13 @@ void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
       if (st->arena_host != nullptr) {
         // The job pins its blocks, so each stays in its arena slot until written: read in place
         // (page-aligned, so the disk tier writes it without a bounce copy either).
-        std::vector<uint64_t> offsets(gk.size());
-        st->arena_host->Offsets(gk, offsets);
+        std::vector<const std::byte*> at(gk.size());
+        st->arena_host->Pointers(gk, at);
         for (size_t j = 0; j < gk.size(); ++j) {
-          if (offsets[j] == HostTier::kNoOffset)
+          if (at[j] == nullptr)
             gs[j] = Status::NotFound("not in the arena");
           else
-            got[j] = ConstBlock(st->arena_host->arena() + offsets[j], bb);
+            got[j] = ConstBlock(at[j], bb);
         }
       } else {
         if (!job.IsStaged()) job.Stage(n, bb);

@@ -107,18 +107,28 @@ class Client::Impl {
     Writer w;
     w.Begin(static_cast<uint16_t>(serve::MsgType::kHello), 0, 1);
     serve::EncodeHello(h, &w);
-    Status s = serve::SendAll(fd, w.Finish(), deadline);
-    if (!s.ok()) return fail(s);
+    const Status sent = serve::SendAll(fd, w.Finish(), deadline);
     serve::FrameHeader fh;
     std::vector<std::byte> payload;
     int arena_fd = -1;
-    s = serve::RecvFrame(fd, deadline, -1, &fh, &payload, &arena_fd);
+    // A daemon that refuses at accept answers before our hello and closes: its reason may be
+    // waiting even when the send failed.
+    Status s = serve::RecvFrame(
+        fd, sent.ok() ? deadline : std::min<uint64_t>(deadline, MonotonicNs() + 100'000'000ull), -1,
+        &fh, &payload, &arena_fd);
+    if (!s.ok() && !sent.ok()) return fail(sent);
     if (!s.ok()) return fail(Status::Unavailable(opt_.socket_path + ": hello: " + s.message()));
     Reader r(payload);
     Status remote;
     if (!r.StatusField(&remote)) {
       if (arena_fd >= 0) close(arena_fd);
       return fail(Status::InvalidArgument(opt_.socket_path + ": malformed hello reply"));
+    }
+    if (!remote.ok() && remote.code() == StatusCode::kResourceExhausted) {
+      // Full for now (clients, connections waiting for hello): worth trying again later.
+      if (arena_fd >= 0) close(arena_fd);
+      return fail(Status::ResourceExhausted(
+          opt_.socket_path + ": daemon refused the connection: " + remote.message()));
     }
     if (!remote.ok()) {
       if (arena_fd >= 0) close(arena_fd);
@@ -266,7 +276,7 @@ class Client::Impl {
   uint32_t conn_lease_ms() const { return lease_ms_; }
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> connects_{0}, disconnects_{0}, timeouts_{0}, missed_lookups_{0},
-      dropped_stores_{0}, dropped_blocks_{0}, expired_loads_{0};
+      dropped_stores_{0}, dropped_blocks_{0}, expired_loads_{0}, corrupt_blocks_{0};
   Mutex wait_mu_;  // a leaf: never held with mu_
   CondVar cv_;     // the connection dropped, or closing (waited on under wait_mu_)
   bool closing_ KVTIER_GUARDED_BY(wait_mu_) = false;
@@ -283,6 +293,7 @@ struct LeaseHolder final : PinHandle::Holder {
   uint64_t expires_ns = 0;  // this side's view of the lease, with margin
   std::shared_ptr<Arena> arena;
   std::vector<uint64_t> offsets;
+  std::vector<uint64_t> checksums;  // recorded at commit; what Load checks the bytes against
   ~LeaseHolder() override {
     auto c = client.lock();
     if (!c || lease_id == 0) return;
@@ -300,7 +311,9 @@ Result<std::unique_ptr<Client>> Client::Open(ClientOptions options) {
   auto c = impl->Dial();
   if (c.ok()) {
     impl->Install(std::move(c).value());
-  } else if (c.status().code() == StatusCode::kInvalidArgument) {
+  } else if (c.status().code() == StatusCode::kInvalidArgument ||
+             (c.status().code() == StatusCode::kResourceExhausted && !impl->data_plane_)) {
+    // Refused for good, or an operator command (kvtier status) that wants its answer now.
     return c.status();
   } else {
     spdlog::warn("kvtier client: {}; will keep trying", c.status().message());
@@ -338,6 +351,7 @@ ClientStats Client::client_stats() const {
   s.dropped_stores = impl_->dropped_stores_;
   s.dropped_blocks = impl_->dropped_blocks_;
   s.expired_loads = impl_->expired_loads_;
+  s.corrupt_blocks = impl_->corrupt_blocks_;
   return s;
 }
 
@@ -386,6 +400,7 @@ Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
     h->lease_id = lr.lease_id;
     h->arena = std::move(arena);
     h->offsets = std::move(lr.offsets);
+    h->checksums = std::move(lr.checksums);
     // Expire on this side first: a copy must finish before the daemon may reuse the slot.
     const uint64_t lease_ns = uint64_t{impl_->conn_lease_ms()} * 1000000;
     h->expires_ns = t0 + lease_ns - lease_ns / 4;
@@ -436,7 +451,10 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
       if (s.ok()) s = serve::DecodeLoadReply(&rd, &lr);
     }
     if (!s.ok()) return refuse("Load: " + s.message());
-    for (uint32_t i = 0; i < n && i < lr.offsets.size(); ++i) h->offsets[i] = lr.offsets[i];
+    for (uint32_t i = 0; i < n && i < lr.offsets.size(); ++i) {
+      h->offsets[i] = lr.offsets[i];
+      h->checksums[i] = lr.checksums[i];
+    }
     if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired while staging");
   }
   for (uint32_t i = 0; i < n; ++i) {
@@ -447,7 +465,23 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
                                              " could not be staged into the arena");
       break;
     }
-    CopyBlock(dst[i].data(), h->arena->base + off, bb);
+    // Checked in the same pass as the copy: bytes changed since their commit (zeroed, punched,
+    // overwritten) are a miss from this block on, and the daemon is told so it drops them.
+    const uint64_t sum = CopyBlockChecksum(dst[i].data(), h->arena->base + off, bb);
+    if (h->checksums[i] != 0 && sum != h->checksums[i]) {
+      ++impl_->corrupt_blocks_;
+      for (uint32_t j = i; j < n; ++j)
+        r.block_status[j] = Status::Corruption("block " + lookup.keys[i].ToHex() +
+                                               " changed in the arena since its commit");
+      (void)impl_->Call(
+          serve::MsgType::kBadBlock,
+          [&](Writer* w) {
+            w->U64(h->lease_id);
+            w->U32(i);
+          },
+          nullptr, nullptr, nullptr, /*one_way=*/true, h->generation);
+      break;
+    }
     r.loaded_blocks = i + 1;
     r.bytes += bb;
   }

@@ -31,6 +31,8 @@ std::string_view MsgTypeName(uint16_t type) {
       return "drop-tenant";
     case MsgType::kPrefetch:
       return "prefetch";
+    case MsgType::kBadBlock:
+      return "bad-block";
   }
   return "unknown";
 }
@@ -259,27 +261,31 @@ Status DecodeLookup(std::span<const std::byte> in, LookupReq* m) {
 }
 
 void EncodeLookupReply(const LookupReply& m, Writer* w) {
-  EncodeLookupReply(m.lease_id, m.total_blocks, m.source, m.offsets, w);
+  EncodeLookupReply(m.lease_id, m.total_blocks, m.source, m.offsets, m.checksums, w);
 }
 
 void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
-                       std::span<const uint64_t> offsets, Writer* w) {
+                       std::span<const uint64_t> offsets, std::span<const uint64_t> checksums,
+                       Writer* w) {
   w->U64(lease_id);
   w->U32(total_blocks);
   w->U32(static_cast<uint32_t>(offsets.size()));
   w->Raw(source.data(), offsets.size());
   w->Raw(offsets.data(), offsets.size() * 8);
+  w->Raw(checksums.data(), offsets.size() * 8);
 }
 
 Status DecodeLookupReply(Reader* r, LookupReply* m) {
   uint32_t n = 0;
   r->U64(&m->lease_id);
   r->U32(&m->total_blocks);
-  if (r->Count(&n, 9)) {
+  if (r->Count(&n, 17)) {
     m->source.resize(n);
     m->offsets.resize(n);
+    m->checksums.resize(n);
     r->Raw(m->source.data(), n);
     r->Raw(m->offsets.data(), n * 8ull);
+    r->Raw(m->checksums.data(), n * 8ull);
   }
   if (r->ok() && n > m->total_blocks)
     return Status::InvalidArgument("lookup reply: more hits than blocks");
@@ -298,10 +304,16 @@ Status DecodeLoad(std::span<const std::byte> in, LoadReq* m) {
   return r.Done("load");
 }
 
-void EncodeLoadReply(const LoadReply& m, Writer* w) { EncodeU64s(m.offsets, w); }
+void EncodeLoadReply(const LoadReply& m, Writer* w) {
+  EncodeU64s(m.offsets, w);
+  EncodeU64s(m.checksums, w);
+}
 
 Status DecodeLoadReply(Reader* r, LoadReply* m) {
   DecodeU64s(r, &m->offsets);
+  DecodeU64s(r, &m->checksums);
+  if (r->ok() && m->checksums.size() != m->offsets.size())
+    return Status::InvalidArgument("load reply: checksums do not match offsets");
   return r->Done("load reply");
 }
 
@@ -432,6 +444,13 @@ Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
   return r->Done("stats reply");
 }
 
+Status DecodeBadBlock(std::span<const std::byte> in, uint64_t* lease, uint32_t* block) {
+  Reader r(in);
+  r.U64(lease);
+  r.U32(block);
+  return r.Done("bad-block");
+}
+
 void EncodeDropTenant(std::string_view tenant, Writer* w) { w->Str(tenant); }
 
 Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant) {
@@ -481,6 +500,11 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
     case MsgType::kRelease: {
       uint64_t v = 0;
       return DecodeU64(payload, &v, "release");
+    }
+    case MsgType::kBadBlock: {
+      uint64_t lease = 0;
+      uint32_t block = 0;
+      return DecodeBadBlock(payload, &lease, &block);
     }
     case MsgType::kDropTenant: {
       std::string t;

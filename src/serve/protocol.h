@@ -25,10 +25,12 @@
 
 namespace kvtier::serve {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+// 2: lookup and load replies carry each block's checksum (the client verifies what it reads).
+inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayload = 32u << 20;
+inline constexpr uint32_t kMaxHelloPayload = 64u << 10;  // any frame before hello
 inline constexpr uint16_t kReplyBit = 0x8000;
 inline constexpr uint16_t kFlagNoReply = 1;  // one-way request (release, session events)
 inline constexpr uint64_t kNoOffset = UINT64_MAX;
@@ -46,6 +48,7 @@ enum class MsgType : uint16_t {
   kFlush = 10,
   kDropTenant = 11,
   kPrefetch = 12,  // a lookup payload: stage the hit prefix into the arena, no lease
+  kBadBlock = 13,  // one-way {u64 lease, u32 block}: that block failed its checksum at load
 };
 std::string_view MsgTypeName(uint16_t type);
 
@@ -153,8 +156,9 @@ struct LookupReq {
 struct LookupReply {
   uint64_t lease_id = 0;  // 0 = nothing pinned
   uint32_t total_blocks = 0;
-  std::vector<int8_t> source;     // per hit block
-  std::vector<uint64_t> offsets;  // per hit block; kNoOffset = not staged in the arena yet
+  std::vector<int8_t> source;       // per hit block
+  std::vector<uint64_t> offsets;    // per hit block; kNoOffset = not staged in the arena yet
+  std::vector<uint64_t> checksums;  // per hit block: XXH3-64 recorded at commit (0: none)
 };
 
 struct LoadReq {
@@ -162,7 +166,8 @@ struct LoadReq {
   uint32_t blocks = 0;
 };
 struct LoadReply {
-  std::vector<uint64_t> offsets;  // per block; kNoOffset = could not be staged (recompute)
+  std::vector<uint64_t> offsets;    // per block; kNoOffset = could not be staged (recompute)
+  std::vector<uint64_t> checksums;  // per block, as in LookupReply
 };
 
 struct ReserveReq {
@@ -216,7 +221,8 @@ void EncodeLookupReply(const LookupReply& m, Writer* w);
 // The same reply from its parts (source.size() >= offsets.size(); the first offsets.size()
 // sources are sent), without building a LookupReply.
 void EncodeLookupReply(uint64_t lease_id, uint32_t total_blocks, std::span<const int8_t> source,
-                       std::span<const uint64_t> offsets, Writer* w);
+                       std::span<const uint64_t> offsets, std::span<const uint64_t> checksums,
+                       Writer* w);
 Status DecodeLookupReply(Reader* r, LookupReply* m);
 void EncodeLoad(const LoadReq& m, Writer* w);
 Status DecodeLoad(std::span<const std::byte> in, LoadReq* m);
@@ -241,6 +247,7 @@ Status DecodeDropTenantReply(Reader* r, DropTenantReply* m);
 Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view what);
 
 // Decodes any request payload of `type` (what the daemon does first); for the fuzz target.
+Status DecodeBadBlock(std::span<const std::byte> in, uint64_t* lease, uint32_t* block);
 Status DecodeRequest(uint16_t type, std::span<const std::byte> payload);
 
 }  // namespace kvtier::serve

@@ -59,6 +59,30 @@ Status CheckKeys(std::string_view src, const YAML::Node& n, const std::string& p
   return Status::Ok();
 }
 
+// serve.<key>, when present, into *out: an integer in lo..hi.
+Status UintIn(std::string_view src, const YAML::Node& n, const char* key, uint64_t lo, uint64_t hi,
+              uint32_t* out) {
+  if (!n[key]) return Status::Ok();
+  const std::string path = std::string("serve.") + key;
+  KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n[key], path));
+  if (v < lo || v > hi)
+    return Error(src, n[key], path, "must be in " + std::to_string(lo) + ".." + std::to_string(hi));
+  *out = static_cast<uint32_t>(v);
+  return Status::Ok();
+}
+
+// <path>, when present, into *out: a fraction in 0..1.
+Status Share(std::string_view src, const YAML::Node& n, const std::string& path, double* out) {
+  if (!n) return Status::Ok();
+  KVTIER_ASSIGN_OR_RETURN(std::string s, Str(src, n, path));
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !(v >= 0 && v <= 1))
+    return Error(src, n, path, "want a fraction in 0..1, got '" + s + "'");
+  *out = v;
+  return Status::Ok();
+}
+
 Result<std::vector<uint32_t>> Uids(std::string_view src, const YAML::Node& n,
                                    const std::string& path) {
   if (!n.IsSequence()) return Error(src, n, path, "want a list of uids");
@@ -72,10 +96,11 @@ Result<std::vector<uint32_t>> Uids(std::string_view src, const YAML::Node& n,
 
 Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   ServeOptions o;
-  KVTIER_RETURN_IF_ERROR(
-      CheckKeys(src, n, "serve",
-                {"socket", "group", "socket_mode", "allow_uids", "lease_ms", "metrics_addr",
-                 "events_addr", "tenants", "verify_commit", "max_clients"}));
+  KVTIER_RETURN_IF_ERROR(CheckKeys(
+      src, n, "serve",
+      {"socket", "group", "socket_mode", "allow_uids", "lease_ms", "metrics_addr", "events_addr",
+       "tenants", "verify_commit", "max_clients", "max_pending", "hello_timeout_ms",
+       "frame_timeout_ms", "max_tenants", "max_tenants_per_uid", "default_max_share"}));
   if (n["socket"]) {
     KVTIER_ASSIGN_OR_RETURN(o.socket_path, Str(src, n["socket"], "serve.socket"));
   }
@@ -108,18 +133,21 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
     if (!b) return Error(src, n["verify_commit"], "serve.verify_commit", "want true or false");
     o.verify_commit = *b;
   }
-  if (n["max_clients"]) {
-    KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(src, n["max_clients"], "serve.max_clients"));
-    if (v < 1 || v > 65536)
-      return Error(src, n["max_clients"], "serve.max_clients", "must be in 1..65536");
-    o.max_clients = static_cast<uint32_t>(v);
-  }
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "max_clients", 1, 65536, &o.max_clients));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "max_pending", 1, 65536, &o.max_pending));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "hello_timeout_ms", 10, 600000, &o.hello_timeout_ms));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "frame_timeout_ms", 10, 600000, &o.frame_timeout_ms));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "max_tenants", 1, 4096, &o.max_tenants));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "max_tenants_per_uid", 1, 4096, &o.max_tenants_per_uid));
+  KVTIER_RETURN_IF_ERROR(
+      Share(src, n["default_max_share"], "serve.default_max_share", &o.default_max_share));
   if (n["tenants"]) {
     const YAML::Node& t = n["tenants"];
     if (!t.IsSequence()) return Error(src, t, "serve.tenants", "want a list");
     for (size_t i = 0; i < t.size(); ++i) {
       const std::string path = "serve.tenants[" + std::to_string(i) + "]";
-      KVTIER_RETURN_IF_ERROR(CheckKeys(src, t[i], path, {"name", "uids", "token"}));
+      KVTIER_RETURN_IF_ERROR(
+          CheckKeys(src, t[i], path, {"name", "uids", "token", "max_share", "reserved_share"}));
       TenantBinding b;
       if (!t[i]["name"]) return Error(src, t[i], path + ".name", "missing");
       KVTIER_ASSIGN_OR_RETURN(b.name, Str(src, t[i]["name"], path + ".name"));
@@ -129,6 +157,9 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
       if (t[i]["token"]) {
         KVTIER_ASSIGN_OR_RETURN(b.token, Str(src, t[i]["token"], path + ".token"));
       }
+      KVTIER_RETURN_IF_ERROR(Share(src, t[i]["max_share"], path + ".max_share", &b.max_share));
+      KVTIER_RETURN_IF_ERROR(
+          Share(src, t[i]["reserved_share"], path + ".reserved_share", &b.reserved_share));
       if (b.uids.empty() && b.token.empty())
         return Error(src, t[i], path, "bind the tenant to uids, a token or both");
       o.tenants.push_back(std::move(b));
@@ -143,10 +174,22 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
 
 Status ServeOptions::Validate() const {
   if (lease_ms < 10) return Status::InvalidArgument("lease_ms: must be >= 10");
-  for (size_t i = 0; i < tenants.size(); ++i)
+  double reserved = 0;
+  for (size_t i = 0; i < tenants.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
       if (tenants[i].name == tenants[j].name)
         return Status::InvalidArgument("tenants: '" + tenants[i].name + "' is bound twice");
+    if (tenants[i].reserved_share > tenants[i].max_share)
+      return Status::InvalidArgument("tenants: '" + tenants[i].name +
+                                     "': reserved_share is above max_share");
+    reserved += tenants[i].reserved_share;
+  }
+  if (reserved > 1.0)
+    return Status::InvalidArgument("tenants: the reserved_share values add up to more than 1");
+  if (tenants.size() > max_tenants)
+    return Status::InvalidArgument("tenants: " + std::to_string(tenants.size()) +
+                                   " bound, more than max_tenants (" + std::to_string(max_tenants) +
+                                   ")");
   return Status::Ok();
 }
 

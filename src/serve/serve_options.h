@@ -16,11 +16,16 @@
 namespace kvtier::serve {
 
 // A tenant name that only some peers may declare: those whose uid is listed, or that present
-// the token. A tenant not listed is open to every peer allowed on the socket.
+// the token. A tenant not listed is scoped by uid: peers of different uids that declare the same
+// unlisted name are two tenants. max_share and reserved_share bound the tenant's part of the
+// arena (tier 0): it never holds more than max_share, and others' stores never evict it below
+// reserved_share.
 struct TenantBinding {
   std::string name;
   std::vector<uint32_t> uids;
   std::string token;
+  double max_share = 1.0;
+  double reserved_share = 0.0;
 };
 
 struct ServeOptions {
@@ -36,7 +41,14 @@ struct ServeOptions {
   // computes the checksum in the same pass as its copy into the arena, and a client that lies
   // can only poison blocks of the namespaces it may write anyway.
   bool verify_commit = false;
-  uint32_t max_clients = 1024;
+  uint32_t max_clients = 1024;       // connections past hello (an operator's own uid passes anyway)
+  uint32_t max_pending = 64;         // connections that have not said hello yet
+  uint32_t hello_timeout_ms = 2000;  // from accept to a complete hello
+  uint32_t frame_timeout_ms = 5000;  // from a frame's first byte to its last
+  uint32_t max_tenants = 64;         // arena partitions (one per tenant) until restart
+  uint32_t max_tenants_per_uid = 8;  // of those, unlisted tenants one uid may open
+  // Every tenant not in `tenants`: the same bounds.
+  double default_max_share = 1.0;
   Status Validate() const;
 };
 

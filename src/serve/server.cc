@@ -104,20 +104,37 @@ void Server::Impl::Run() {
       }
       bool allowed = options_.allow_uids.empty() || c->peer.uid == getuid();
       for (uint32_t u : options_.allow_uids) allowed |= u == c->peer.uid;
-      if (!allowed || conns_.size() >= options_.max_clients) {
-        spdlog::warn(
-            "{}: refused: {}", c->Name(),
-            allowed ? "too many clients (serve.max_clients)" : "uid not in serve.allow_uids");
+      // Connections that have not said hello are bounded apart from clients, so idle sockets
+      // cannot lock engines (or `kvtier status`) out.
+      uint32_t pending = 0;
+      for (const auto& [id, o] : conns_) pending += !o->said_hello && !o->done;
+      if (!allowed || pending >= options_.max_pending) {
+        const std::string why =
+            allowed ? "too many connections waiting for hello (" + std::to_string(pending) +
+                          ", serve.max_pending)"
+                    : "uid " + std::to_string(c->peer.uid) + " not in serve.allow_uids";
+        if (refused_log_.Allow()) spdlog::warn("{}: refused: {}", c->Name(), why);
         ++refused_;
-        close(fd);
+        Refuse(fd, Status::ResourceExhausted(why));
         continue;
       }
+      c->accepted_ns = MonotonicNs();
       Conn* raw = c.get();
       raw->thread = std::thread([this, raw] { Serve(raw); });
       conns_.emplace(raw->id, std::move(c));
     }
   });
   sweeper_ = std::thread([this] { Sweep(); });
+}
+
+void Server::Impl::Refuse(int fd, const Status& why) {
+  // A hello reply with the reason, so the peer says "refused: ..." rather than "no daemon";
+  // best effort within 100 ms (the socket buffer takes it at once unless the peer is hostile).
+  Writer w;
+  w.Begin(static_cast<uint16_t>(MsgType::kHello) | kReplyBit, 0, 0);
+  w.StatusField(why);
+  (void)SendAll(fd, w.Finish(), MonotonicNs() + 100'000'000ull);
+  close(fd);
 }
 
 void Server::Impl::Sweep() {
@@ -183,8 +200,21 @@ void Server::Impl::Serve(Conn* c) {
   Writer w;
   bool said_hello = false;
   std::string why;
+  uint64_t hello_ns = 0, frame_ns = 0;
+  {
+    MutexLock lock(&mu_);
+    hello_ns = uint64_t{options_.hello_timeout_ms} * 1000000;
+    frame_ns = uint64_t{options_.frame_timeout_ms} * 1000000;
+  }
   for (;;) {
-    Status s = RecvFrame(c->fd, 0, wake_fd_, &h, &payload, nullptr);
+    // Before hello: a small frame, by the hello deadline. After: any frame, whenever it starts,
+    // but each whole within frame_timeout_ms.
+    FrameLimits limits;
+    limits.partial_timeout_ns = frame_ns;
+    if (!said_hello) limits.max_payload = kMaxHelloPayload;
+    Status s = RecvFrame(c->fd, said_hello ? 0 : c->accepted_ns + hello_ns, wake_fd_, &h, &payload,
+                         nullptr, limits);
+    if (!said_hello && s.message() == "timed out") s = Status::Unavailable("no hello in time");
     if (!s.ok()) {
       if (s.code() == StatusCode::kInvalidArgument) {
         ++bad_frames_;
@@ -214,6 +244,7 @@ void Server::Impl::Serve(Conn* c) {
     const size_t body = w.buffer().size();
     bool pass_fd = false;
     st = Handle(c, type, payload, &w, &said_hello, &pass_fd);
+    c->said_hello = said_hello;
     if (h.flags & kFlagNoReply) continue;
     if (!st.ok()) {  // the reply is the status alone
       w.buffer().resize(body);
@@ -221,7 +252,7 @@ void Server::Impl::Serve(Conn* c) {
       w.StatusField(st);
     }
     s = SendAll(c->fd, w.Finish(), MonotonicNs() + 10'000'000'000ull,
-                pass_fd && st.ok() ? host_->arena_fd() : -1);
+                pass_fd && st.ok() ? host_->partition_fd(c->partition) : -1);
     if (!s.ok()) {
       why = "reply not taken: " + s.message();
       break;

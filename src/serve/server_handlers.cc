@@ -22,12 +22,59 @@ Status Server::Impl::CheckTenant(const Conn& c, const std::string& tenant,
 
 Result<BlockKey> Server::Impl::RootFor(const Conn& c, const Scope& scope) const {
   if (!c.data_plane) return Status::InvalidArgument("this connection declared no layout");
-  Namespace ns{c.hello.model_id, c.hello.model_revision, c.hello.layout.fingerprint(),
-               scope.tenant.empty() ? c.tenant : scope.tenant,
+  // A connection maps one tenant's arena partition: a request may not name another tenant.
+  if (!scope.tenant.empty() && scope.tenant != c.hello.tenant)
+    return Status::InvalidArgument("this connection serves tenant '" + c.hello.tenant +
+                                   "'; a request may not name tenant '" + scope.tenant +
+                                   "' (open one client per tenant)");
+  Namespace ns{c.hello.model_id, c.hello.model_revision, c.hello.layout.fingerprint(), c.tenant,
                scope.lora_id.empty() ? c.hello.lora_id : scope.lora_id};
-  if (!scope.tenant.empty() && scope.tenant != c.tenant)
-    KVTIER_RETURN_IF_ERROR(CheckTenant(c, scope.tenant, c.hello.token));
   return ns.Root();
+}
+
+std::string Server::Impl::EffectiveTenant(const Conn& c, const std::string& declared) const {
+  MutexLock lock(&mu_);
+  for (const TenantBinding& b : options_.tenants)
+    if (b.name == declared) return declared;
+  return declared + "@uid" + std::to_string(c.peer.uid);
+}
+
+Result<int> Server::Impl::PartitionFor(const Conn& c) {
+  const TenantBinding* bound = nullptr;
+  TenantBinding binding;
+  uint32_t per_uid = 0;
+  double default_share = 1.0;
+  {
+    MutexLock lock(&mu_);
+    for (const TenantBinding& b : options_.tenants)
+      if (b.name == c.hello.tenant) binding = b, bound = &binding;
+    per_uid = options_.max_tenants_per_uid;
+    default_share = options_.default_max_share;
+  }
+  {
+    MutexLock lock(&tenants_mu_);
+    if (!tenants_seen_.count(c.tenant)) {
+      if (!bound) {
+        uint32_t mine = 0;
+        for (const auto& [name, who] : tenants_seen_) mine += who.second == c.peer.uid;
+        if (mine >= per_uid)
+          return Status::ResourceExhausted(
+              c.Name() + " opened " + std::to_string(mine) +
+              " unlisted tenants already (serve.max_tenants_per_uid); tenant '" + c.hello.tenant +
+              "' refused");
+      }
+      tenants_seen_.emplace(
+          c.tenant, std::make_pair(c.hello.tenant, bound ? static_cast<uid_t>(-1) : c.peer.uid));
+    }
+  }
+  KVTIER_ASSIGN_OR_RETURN(int p, host_->AddPartition(c.tenant_tag, c.tenant));
+  const double max_share = bound ? binding.max_share : default_share;
+  const double reserved = bound ? binding.reserved_share : 0.0;
+  const auto slots = static_cast<double>(host_->slots());
+  host_->SetBounds(
+      p, HostTier::Bounds{max_share >= 1.0 ? UINT64_MAX : static_cast<uint64_t>(max_share * slots),
+                          static_cast<uint64_t>(reserved * slots)});
+  return p;
 }
 
 Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd) {
@@ -43,9 +90,23 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
     return Status::InvalidArgument("layout mismatch: the client declared " + h.layout.ToString() +
                                    ", this daemon serves " + mine.ToString());
   KVTIER_RETURN_IF_ERROR(CheckTenant(*c, h.tenant, h.token));
+  if (c->data_plane || !OperatorPeer(*c)) {
+    uint32_t clients = 0, max = 0;
+    {
+      MutexLock lock(&mu_);
+      max = options_.max_clients;
+      for (const auto& [id, o] : conns_) clients += o.get() != c && o->said_hello && !o->done;
+    }
+    if (clients >= max)
+      return Status::ResourceExhausted("too many clients (" + std::to_string(clients) +
+                                       ", serve.max_clients " + std::to_string(max) + ")");
+  }
   c->hello = h;
-  c->tenant = h.tenant;
-  c->tenant_tag = TenantTag(h.tenant);
+  c->tenant = EffectiveTenant(*c, h.tenant);
+  c->tenant_tag = TenantTag(c->tenant);
+  if (c->data_plane) {
+    KVTIER_ASSIGN_OR_RETURN(c->partition, PartitionFor(*c));
+  }
   HelloReply r;
   r.block_bytes = c->data_plane ? mine.bytes_per_block() : 0;
   r.arena_bytes = c->data_plane ? host_->arena_bytes() : 0;
@@ -74,8 +135,7 @@ Result<LookupResult> Server::Impl::LookupRequest(Conn* c) {
   LookupReq& m = c->lookup;
   KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
   if (m.tokens) HashPrefix(root, cache_->layout().block_tokens, m.token_ids, &m.keys);
-  const uint32_t tag = TagFor(*c, m.scope);
-  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, c->tenant_tag);
   RequestOptions ro;
   ro.session_id = m.session_id;
   return cache_->LookupKeys(m.keys, ro);
@@ -88,8 +148,10 @@ Status Server::Impl::OnLookup(Conn* c, Writer* w) {
   c->offsets.resize(hit);
   host_->Offsets(std::span<const BlockKey>(lr.keys).first(hit), c->offsets);
   // Encoded before lr moves into the lease (the reply reads its sources).
+  c->checksums.resize(hit);
+  CacheHooks::Checksums(*cache_, std::span<const BlockKey>(lr.keys).first(hit), c->checksums);
   const uint64_t lease_id = hit > 0 ? next_id_++ : 0;
-  EncodeLookupReply(lease_id, total, lr.source, c->offsets, w);
+  EncodeLookupReply(lease_id, total, lr.source, c->offsets, c->checksums, w);
   if (hit > 0) {
     MutexLock cl(&c->mu);
     c->leases.emplace(lease_id, Lease{std::move(lr), MonotonicNs() + LeaseNs()});
@@ -155,7 +217,10 @@ Status Server::Impl::OnLoad(Conn* c, std::span<const std::byte> in, Writer* w) {
   const uint32_t n = std::min(m.blocks, lease.lookup.hit_blocks);
   LoadReply r;
   r.offsets.resize(n);
+  r.checksums.resize(n);
   Stage(lease.lookup, n, r.offsets);
+  CacheHooks::Checksums(*cache_, std::span<const BlockKey>(lease.lookup.keys).first(n),
+                        r.checksums);
   {
     MutexLock cl(&c->mu);
     lease.expires_ns = MonotonicNs() + LeaseNs();
@@ -169,8 +234,7 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   ReserveReq m;
   KVTIER_RETURN_IF_ERROR(DecodeReserve(in, &m));
   KVTIER_ASSIGN_OR_RETURN(BlockKey root, RootFor(*c, m.scope));
-  const uint32_t tag = TagFor(*c, m.scope);
-  for (BlockKey& k : m.keys) k = InternalKey(k, root, tag);
+  for (BlockKey& k : m.keys) k = InternalKey(k, root, c->tenant_tag);
   ReserveReply r;
   r.state.assign(m.keys.size(), static_cast<uint8_t>(SlotState::kNoRoom));
   r.offsets.assign(m.keys.size(), kNoOffset);
@@ -186,7 +250,7 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   Reservation res;
   res.first_block = m.first_block;
   if (!need.empty()) {
-    const size_t got = CacheHooks::Reserve(*cache_, need.size(), &res.slots);
+    const size_t got = CacheHooks::Reserve(*cache_, c->partition, need.size(), &res.slots);
     // The chain's head first: a later block is useless without the ones before it.
     for (size_t j = 0; j < got; ++j) {
       r.state[need[j]] = static_cast<uint8_t>(SlotState::kReserved);
@@ -237,7 +301,7 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
       continue;
     }
     if (verify) {
-      const ConstBlock b(host_->arena() + host_->SlotOffset(res.slots[j]), bb);
+      const ConstBlock b(host_->SlotPtr(res.slots[j]), bb);
       if (Checksum64(b) != m.checksums[j]) {
         ++r.failed;
         if (r.first_error.ok())
@@ -267,10 +331,22 @@ Status Server::Impl::OnDropTenant(Conn* c, std::span<const std::byte> in, Writer
   if (!OperatorPeer(*c))
     return Status::InvalidArgument("drop-tenant: only uid " + std::to_string(getuid()) +
                                    " or root may drop a tenant; " + c->Name() + " may not");
-  const uint32_t tag = TenantTag(tenant);
+  // The tenant's own tag (listed) and the tags of every uid that declared the name (unlisted).
+  std::vector<uint32_t> tags{TenantTag(tenant)};
+  {
+    MutexLock lock(&tenants_mu_);
+    for (const auto& [name, who] : tenants_seen_)
+      if (who.first == tenant) tags.push_back(TenantTag(name));
+  }
   DropTenantReply r;
   r.dropped = CacheHooks::DropMatching(
-      *cache_, [tag](const BlockKey& k) { return HasTenantTag(k, tag); }, &r.pinned);
+      *cache_,
+      [&tags](const BlockKey& k) {
+        for (uint32_t t : tags)
+          if (HasTenantTag(k, t)) return true;
+        return false;
+      },
+      &r.pinned);
   spdlog::info("{}: drop tenant '{}': {} blocks dropped, {} pinned kept", c->Name(), tenant,
                r.dropped, r.pinned);
   EncodeDropTenantReply(r, w);
@@ -299,6 +375,8 @@ Status Server::Impl::Handle(Conn* c, MsgType type, std::span<const std::byte> pa
       return OnPrefetch(c, w);
     case MsgType::kRelease:
       return OnRelease(c, payload);
+    case MsgType::kBadBlock:
+      return OnBadBlock(c, payload);
     case MsgType::kSession:
       return OnSession(payload);
     case MsgType::kStats:
@@ -319,6 +397,39 @@ Status Server::Impl::OnRelease(Conn* c, std::span<const std::byte> in) {
   KVTIER_RETURN_IF_ERROR(DecodeU64(in, &id, "release"));
   MutexLock cl(&c->mu);
   if (c->leases.erase(id)) --leases_now_;
+  return Status::Ok();
+}
+
+Status Server::Impl::OnBadBlock(Conn* c, std::span<const std::byte> in) {
+  uint64_t id = 0;
+  uint32_t block = 0;
+  KVTIER_RETURN_IF_ERROR(DecodeBadBlock(in, &id, &block));
+  Lease lease;
+  {
+    MutexLock cl(&c->mu);
+    auto it = c->leases.find(id);
+    if (it == c->leases.end() || block >= it->second.lookup.hit_blocks) return Status::Ok();
+    lease = std::move(it->second);  // the client recomputes from here: its pins end now
+    c->leases.erase(it);
+    --leases_now_;
+  }
+  // The client's word is checked, not taken: only bytes that fail their checksum here go.
+  const BlockKey key = lease.lookup.keys[block];
+  const std::byte* at = nullptr;
+  uint64_t want = 0;
+  host_->Pointers(std::span<const BlockKey>(&key, 1), std::span<const std::byte*>(&at, 1));
+  CacheHooks::Checksums(*cache_, std::span<const BlockKey>(&key, 1), std::span<uint64_t>(&want, 1));
+  lease = Lease{};
+  if (at == nullptr || want == 0 ||
+      Checksum64(ConstBlock(at, cache_->layout().bytes_per_block())) == want)
+    return Status::Ok();
+  ++corrupt_loads_;
+  uint64_t pinned = 0;
+  CacheHooks::DropMatching(
+      *cache_, [&key](const BlockKey& k) { return k == key; }, &pinned);
+  spdlog::warn("{}: block {} changed in the arena after its commit; dropped{}", c->Name(),
+               key.ToHex(),
+               pinned ? " from the lower tiers (another lease pins its arena copy)" : "");
   return Status::Ok();
 }
 

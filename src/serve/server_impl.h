@@ -61,18 +61,21 @@ class Server::Impl {
     Peer peer;
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<bool> said_hello{false};
+    uint64_t accepted_ns = 0;
     // Set by hello.
     bool data_plane = false;
     Hello hello;
-    std::string tenant;  // effective tenant
+    std::string tenant;  // effective tenant: the declared name, scoped by uid when unlisted
     uint32_t tenant_tag = 0;
-    Mutex mu;  // leases and reservations: the connection's thread and the sweeper
+    int partition = 0;  // the arena partition this connection maps
+    Mutex mu;           // leases and reservations: the connection's thread and the sweeper
     std::map<uint64_t, Lease> leases KVTIER_GUARDED_BY(mu);
     std::map<uint64_t, Reservation> reservations KVTIER_GUARDED_BY(mu);
     // The connection thread's own scratch, kept between requests so a long chain allocates
     // nothing: the lookup or prefetch being served (decoded once) and its reply's offsets.
     LookupReq lookup;
-    std::vector<uint64_t> offsets;
+    std::vector<uint64_t> offsets, checksums;
     std::string Name() const {
       return "client #" + std::to_string(id) + " (pid " + std::to_string(peer.pid) + ", uid " +
              std::to_string(peer.uid) + ")";
@@ -103,13 +106,18 @@ class Server::Impl {
   // first block that cannot be staged on, kNoOffset.
   void Stage(const LookupResult& lr, uint32_t n, std::span<uint64_t> offsets);
   void EndAll(Conn* c);
+  // Answers a connection refused at accept with the reason, then closes it.
+  static void Refuse(int fd, const Status& why);
   // The namespace root for a request's scope; InvalidArgument when the peer may not use it.
   Result<BlockKey> RootFor(const Conn& c, const Scope& scope) const;
-  static uint32_t TagFor(const Conn& c, const Scope& scope) {
-    return scope.tenant.empty() ? c.tenant_tag : TenantTag(scope.tenant);
-  }
+  // The effective tenant of a declared name: listed names are global, others per uid.
+  std::string EffectiveTenant(const Conn& c, const std::string& declared) const;
+  // The arena partition of c's tenant (created on first use, with its bounds).
+  Result<int> PartitionFor(const Conn& c);
   Status OnDropTenant(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnRelease(Conn* c, std::span<const std::byte> in);
+  // A client's report that a leased block failed its checksum: verified, then dropped.
+  Status OnBadBlock(Conn* c, std::span<const std::byte> in);
   Status OnSession(std::span<const std::byte> in);
   Status OnFlush(Conn* c, Writer* w);
   // Runs one decoded request's handler; *said_hello and *pass_fd are hello's outcome.
@@ -131,7 +139,12 @@ class Server::Impl {
   std::atomic<bool> verify_commit_{false};
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> refused_{0}, bad_frames_{0}, leases_now_{0}, reservations_now_{0};
+  std::atomic<uint64_t> corrupt_loads_{0};
+  Mutex tenants_mu_;
+  // Effective tenant -> {declared name, uid that opened it}, for drop and per-uid limits.
+  std::map<std::string, std::pair<std::string, uid_t>> tenants_seen_ KVTIER_GUARDED_BY(tenants_mu_);
   LogLimiter no_revision_log_;  // clients that declare no model revision
+  LogLimiter refused_log_;
 
   mutable Mutex mu_;  // options_ and conns_
   ServeOptions options_ KVTIER_GUARDED_BY(mu_);

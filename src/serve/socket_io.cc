@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -34,9 +35,10 @@ Status Wait(int fd, short events, uint64_t deadline_ns, int wake_fd) {
   }
 }
 
-// Reads exactly out.size() bytes; the first recvmsg may carry an fd.
+// Reads exactly out.size() bytes; the first recvmsg may carry an fd. Once *started (a byte
+// of the frame has arrived), partial_deadline_ns (when non-zero) bounds the rest too.
 Status RecvExact(int fd, std::span<std::byte> out, uint64_t deadline_ns, int wake_fd,
-                 int* passed_fd) {
+                 int* passed_fd, uint64_t partial_timeout_ns, uint64_t* started_ns) {
   size_t got = 0;
   while (got < out.size()) {
     iovec iov{out.data() + got, out.size() - got};
@@ -60,17 +62,24 @@ Status RecvExact(int fd, std::span<std::byte> out, uint64_t deadline_ns, int wak
           }
         }
       }
+      if (*started_ns == 0) *started_ns = MonotonicNs();
       got += static_cast<size_t>(n);
       continue;
     }
+    const bool mid = got > 0 || *started_ns != 0;
     if (n == 0)
-      return Status::Unavailable(got == 0 ? "peer closed the connection"
-                                          : "peer closed the connection mid-frame");
+      return Status::Unavailable(mid ? "peer closed the connection mid-frame"
+                                     : "peer closed the connection");
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       return Status::Unavailable(std::string("recv: ") + std::strerror(errno));
-    Status w = Wait(fd, POLLIN, deadline_ns, wake_fd);
-    if (!w.ok()) return got == 0 ? w : Status::Unavailable(w.message() + " mid-frame");
+    uint64_t deadline = deadline_ns;
+    if (mid && partial_timeout_ns != 0) {
+      const uint64_t partial = *started_ns + partial_timeout_ns;
+      deadline = deadline == 0 ? partial : std::min(deadline, partial);
+    }
+    Status w = Wait(fd, POLLIN, deadline, wake_fd);
+    if (!w.ok()) return mid ? Status::Unavailable(w.message() + " mid-frame") : w;
   }
   return Status::Ok();
 }
@@ -109,13 +118,27 @@ Status SendAll(int fd, std::span<const std::byte> bytes, uint64_t deadline_ns, i
 }
 
 Status RecvFrame(int fd, uint64_t deadline_ns, int wake_fd, FrameHeader* header,
-                 std::vector<std::byte>* payload, int* passed_fd) {
+                 std::vector<std::byte>* payload, int* passed_fd, const FrameLimits& limits) {
   if (passed_fd) *passed_fd = -1;
   std::byte hdr[kHeaderBytes];
-  KVTIER_RETURN_IF_ERROR(RecvExact(fd, hdr, deadline_ns, wake_fd, passed_fd));
+  uint64_t started = 0;
+  KVTIER_RETURN_IF_ERROR(
+      RecvExact(fd, hdr, deadline_ns, wake_fd, passed_fd, limits.partial_timeout_ns, &started));
   KVTIER_RETURN_IF_ERROR(DecodeHeader(hdr, header));
-  payload->resize(header->payload_bytes);
-  return RecvExact(fd, *payload, deadline_ns, wake_fd, nullptr);
+  if (header->payload_bytes > limits.max_payload)
+    return Status::InvalidArgument("frame of " + std::to_string(header->payload_bytes) +
+                                   " bytes, more than the " + std::to_string(limits.max_payload) +
+                                   " allowed here");
+  // Grown by at most 256 KiB ahead of what has arrived.
+  constexpr size_t kStep = 256u << 10;
+  payload->clear();
+  while (payload->size() < header->payload_bytes) {
+    const size_t at = payload->size();
+    payload->resize(std::min<size_t>(header->payload_bytes, at + kStep));
+    KVTIER_RETURN_IF_ERROR(RecvExact(fd, std::span<std::byte>(*payload).subspan(at), deadline_ns,
+                                     wake_fd, nullptr, limits.partial_timeout_ns, &started));
+  }
+  return Status::Ok();
 }
 
 Result<int> ConnectUnix(const std::string& path) {

@@ -24,8 +24,16 @@ Status SendAll(int fd, std::span<const std::byte> bytes, uint64_t deadline_ns, i
 // Reads one frame: header (validated) and payload. *passed_fd gets an fd that came with it
 // (-1 if none; the caller owns it). Unavailable: peer closed / deadline / woken; InvalidArgument:
 // a bad header (the peer speaks something else).
+// Limits (FrameLimits): a frame announcing more than max_payload bytes is refused before any
+// of it is read; once a frame's first byte has arrived the rest must arrive within
+// partial_timeout_ns (else Unavailable); the payload buffer grows as bytes arrive, so a peer
+// that announces much and sends little costs little.
+struct FrameLimits {
+  uint32_t max_payload = kMaxPayload;
+  uint64_t partial_timeout_ns = 0;  // 0: the call's deadline alone
+};
 Status RecvFrame(int fd, uint64_t deadline_ns, int wake_fd, FrameHeader* header,
-                 std::vector<std::byte>* payload, int* passed_fd);
+                 std::vector<std::byte>* payload, int* passed_fd, const FrameLimits& limits = {});
 
 // Connects to a Unix socket path (a non-blocking socket, CLOEXEC). Unavailable when nobody
 // listens there.

@@ -28,152 +28,11 @@
 #include "serve/protocol.h"
 #include "serve/server.h"
 #include "serve/socket_io.h"
+#include "serve_util.h"
 #include "testing/test_util.h"
 
 namespace kvtier::testing {
 namespace {
-
-using serve::MsgType;
-
-std::string LayoutYaml(const KvLayout& l) {
-  return "{num_layers: " + std::to_string(l.num_layers) +
-         ", num_kv_heads: " + std::to_string(l.num_kv_heads) +
-         ", head_dim: " + std::to_string(l.head_dim) +
-         ", dtype: " + std::string(DTypeName(l.dtype)) +
-         ", block_tokens: " + std::to_string(l.block_tokens) + "}";
-}
-
-// A config with a host tier of `host_blocks` blocks, an optional disk tier, and extra serve
-// keys.
-std::string Config(uint64_t host_blocks, const std::string& disk_dir = "",
-                   const std::string& serve_extra = "", uint32_t lease_ms = 30000,
-                   const KvLayout& l = SmallLayout()) {
-  std::string y = "model_id: test\nlayout: " + LayoutYaml(l) + "\ntiers:\n";
-  y += "  - {kind: host, capacity: " + std::to_string(host_blocks * l.bytes_per_block()) +
-       ", params: {prefault: false}}\n";
-  if (!disk_dir.empty())
-    y += "  - {kind: disk, capacity: 4MiB, params: {path: " + disk_dir +
-         ", io: sync, direct_io: false, buffer_bytes: 1MiB, sync: none}}\n";
-  y += "serve:\n  lease_ms: " + std::to_string(lease_ms) + "\n" + serve_extra;
-  return y;
-}
-
-ClientOptions Opts(const Daemon& d, const std::string& tenant = "", const std::string& token = "",
-                   const KvLayout& layout = SmallLayout()) {
-  ClientOptions o;
-  o.socket_path = d.socket();
-  o.layout = layout;
-  o.model_id = "test";
-  o.tenant = tenant;
-  o.token = token;
-  o.timeout_ms = 500;
-  o.reconnect_ms = 20;
-  return o;
-}
-
-uint64_t Seed(const BlockKey& k) { return k.hi ^ (k.lo * 31); }
-
-// Stores blocks [from, n) of the prefix `base`, each filled from its key.
-StoreResult StoreChain(KvCache& c, uint32_t base, uint32_t n, uint32_t from = 0,
-                       const RequestOptions& rq = {}) {
-  const KvLayout& l = c.layout();
-  std::vector<BlockKey> keys;
-  HashPrefix(c.Root(rq), l.block_tokens, Tokens(uint64_t{n} * l.block_tokens, base), &keys);
-  std::vector<std::vector<std::byte>> data;
-  std::vector<ConstBlock> blocks;
-  for (uint32_t i = from; i < n; ++i) data.push_back(MakeBlock(l.bytes_per_block(), Seed(keys[i])));
-  for (auto& d : data) blocks.emplace_back(d);
-  auto r = c.StoreKeys(std::span<const BlockKey>(keys).subspan(from), blocks, from, rq);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  return r.ok() ? *r : StoreResult{};
-}
-
-// Looks up the prefix, loads every hit and checks it; returns the blocks loaded (-1 on a
-// mismatch).
-int LoadChain(KvCache& c, uint32_t base, uint32_t n, const RequestOptions& rq = {}) {
-  const KvLayout& l = c.layout();
-  auto lr = c.Lookup(Tokens(uint64_t{n} * l.block_tokens, base), rq);
-  if (!lr.ok()) return -2;
-  std::vector<std::vector<std::byte>> buf(lr->hit_blocks,
-                                          std::vector<std::byte>(l.bytes_per_block()));
-  std::vector<MutableBlock> dst(buf.begin(), buf.end());
-  auto ld = c.Load(*lr, dst);
-  if (!ld.ok()) return -3;
-  for (uint32_t i = 0; i < ld->loaded_blocks; ++i)
-    if (buf[i] != MakeBlock(l.bytes_per_block(), Seed(lr->keys[i]))) return -1;
-  return static_cast<int>(ld->loaded_blocks);
-}
-
-Result<DaemonStatus> StatusOf(const Daemon& d) {
-  ClientOptions o;
-  o.socket_path = d.socket();
-  o.timeout_ms = 2000;
-  KVTIER_ASSIGN_OR_RETURN(auto c, Client::Open(o));
-  return c->GetDaemonStatus();
-}
-
-// A daemon counter, or UINT64_MAX when the daemon cannot be asked.
-template <typename Fn>
-uint64_t Counter(const Daemon& d, Fn&& field) {
-  auto s = StatusOf(d);
-  return s.ok() ? field(*s) : UINT64_MAX;
-}
-
-// A raw protocol connection, for what a well-behaved client never sends.
-struct Raw {
-  int fd = -1;
-  explicit Raw(const std::string& path) {
-    auto r = serve::ConnectUnix(path);
-    if (r.ok()) fd = *r;
-  }
-  ~Raw() {
-    if (fd >= 0) close(fd);
-  }
-  bool Send(std::span<const std::byte> bytes) {
-    return serve::SendAll(fd, bytes, MonotonicNsForTest() + 2'000'000'000ull).ok();
-  }
-  static uint64_t MonotonicNsForTest() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
-  }
-  // The reply's status (Unavailable when the daemon closed instead).
-  Status Reply(std::vector<std::byte>* payload, int* arena_fd = nullptr) {
-    serve::FrameHeader h;
-    int passed = -1;
-    Status s =
-        serve::RecvFrame(fd, MonotonicNsForTest() + 2'000'000'000ull, -1, &h, payload, &passed);
-    if (arena_fd)
-      *arena_fd = passed;
-    else if (passed >= 0)
-      close(passed);
-    if (!s.ok()) return s;
-    serve::Reader r(*payload);
-    Status st;
-    if (!r.StatusField(&st)) return Status::Internal("bad reply");
-    payload->erase(payload->begin(), payload->end() - static_cast<long>(r.left()));
-    return st;
-  }
-  // True when the daemon closed the connection (within 2 s).
-  bool Closed() {
-    std::vector<std::byte> p;
-    Status s = Reply(&p);
-    return s.code() == StatusCode::kUnavailable &&
-           s.message().find("timed out") == std::string::npos;
-  }
-  Status Hello(uint32_t version = serve::kProtocolVersion, int* arena_fd = nullptr) {
-    serve::Writer w;
-    w.Begin(static_cast<uint16_t>(MsgType::kHello), 0, 1);
-    serve::Hello h;
-    h.version = version;
-    h.layout = SmallLayout();
-    h.model_id = "test";
-    serve::EncodeHello(h, &w);
-    if (!Send(w.Finish())) return Status::Unavailable("send");
-    std::vector<std::byte> p;
-    return Reply(&p, arena_fd);
-  }
-};
 
 class ServeTest : public ::testing::Test {
  protected:
@@ -690,7 +549,7 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   std::map<BlockKey, std::string> state;  // internal key -> last event
   auto all_removed = [&] {
     for (const BlockKey& k : keys) {
-      auto it = state.find(serve::InternalKey(k, root, serve::TenantTag("")));
+      auto it = state.find(DaemonKey(k, ""));
       if (it == state.end() || it->second != "BlockRemoved") return false;
     }
     return true;
@@ -812,7 +671,7 @@ TEST_F(ServeTest, DropTenantDropsOnlyThatTenantFromEveryTier) {
              &keys);
   auto all_seen = [&] {
     for (const BlockKey& k : keys)
-      if (removed[serve::InternalKey(k, (*a)->Root(), serve::TenantTag("A"))] < 2) return false;
+      if (removed[DaemonKey(k, "A")] < 2) return false;
     return true;
   };
   EXPECT_TRUE(PollUntil(
@@ -822,13 +681,11 @@ TEST_F(ServeTest, DropTenantDropsOnlyThatTenantFromEveryTier) {
         return all_seen();
       },
       5000));
-  for (const BlockKey& k : keys)
-    EXPECT_EQ(removed[serve::InternalKey(k, (*a)->Root(), serve::TenantTag("A"))], 2);
+  for (const BlockKey& k : keys) EXPECT_EQ(removed[DaemonKey(k, "A")], 2);
   keys.clear();
   HashPrefix((*b)->Root(), SmallLayout().block_tokens, Tokens(6 * SmallLayout().block_tokens, 3),
              &keys);
-  for (const BlockKey& k : keys)
-    EXPECT_EQ(removed.count(serve::InternalKey(k, (*b)->Root(), serve::TenantTag("B"))), 0u);
+  for (const BlockKey& k : keys) EXPECT_EQ(removed.count(DaemonKey(k, "B")), 0u);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tiers/host/host_tier.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -46,38 +47,58 @@ Status HostTierOptions::Validate(const KvLayout& layout) const {
   return Status::Ok();
 }
 
+namespace {
+// A sealed memfd of `bytes` (no shrink, no grow, no further seals), mapped read-write.
+Result<std::pair<int, std::byte*>> SealedMemfd(const std::string& name, size_t bytes,
+                                               bool huge_pages) {
+  const int fd =
+      static_cast<int>(memfd_create(("kvtier-" + name).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (fd < 0) return Status::ResourceExhausted(name + ": memfd_create: " + std::strerror(errno));
+  auto fail = [&](const std::string& what) {
+    Status s = Status::ResourceExhausted(name + ": " + what + ": " + std::strerror(errno));
+    close(fd);
+    return s;
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    return fail("cannot size the memfd to " + FormatBytes(bytes));
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return fail("cannot seal the memfd");
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) return fail("cannot map " + FormatBytes(bytes));
+#ifdef MADV_HUGEPAGE
+  if (huge_pages) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+  return std::pair<int, std::byte*>(fd, static_cast<std::byte*>(p));
+}
+}  // namespace
+
 Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTierOptions options) {
   KVTIER_RETURN_IF_ERROR(layout.Validate());
   KVTIER_RETURN_IF_ERROR(options.Validate(layout));
   const uint64_t slots = options.capacity_bytes / layout.bytes_per_block();
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t bytes = (slots * layout.bytes_per_block() + page - 1) / page * page;
+  // Shared: slots start on pages, so a slot's pages can leave one partition for another.
+  const uint64_t stride = options.shared ? (layout.bytes_per_block() + page - 1) / page * page
+                                         : layout.bytes_per_block();
+  const size_t bytes = (slots * stride + page - 1) / page * page;
   int fd = -1;
+  void* p = nullptr;
   if (options.shared) {
-    fd = static_cast<int>(memfd_create(("kvtier-" + options.name).c_str(), MFD_CLOEXEC));
-    if (fd < 0)
-      return Status::ResourceExhausted(options.name + ": memfd_create: " + std::strerror(errno));
-    if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      Status s = Status::ResourceExhausted(options.name + ": cannot size the memfd to " +
-                                           FormatBytes(bytes) + ": " + std::strerror(errno));
-      close(fd);
-      return s;
-    }
-  }
-  void* p = options.shared
-                ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0)
-                : mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) {
-    Status s = Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) +
-                                         ": " + std::strerror(errno));
-    if (fd >= 0) close(fd);
-    return s;
+    KVTIER_ASSIGN_OR_RETURN(auto m, SealedMemfd(options.name, bytes, options.huge_pages));
+    fd = m.first;
+    p = m.second;
+  } else {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (p == MAP_FAILED)
+      return Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) + ": " +
+                                       std::strerror(errno));
   }
   std::unique_ptr<HostTier> tier(
-      new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots));
+      new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots, stride));
   tier->arena_fd_ = fd;
   tier->shared_ = options.shared;
+  if (options.shared) tier->parts_[0] = Partition{fd, static_cast<std::byte*>(p), 0, "default"};
   if (options.prefault) tier->Prefault(options.huge_pages);
 #ifdef KVTIER_HAVE_CUDA
   if (options.pin) {
@@ -98,18 +119,29 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
 }
 
 HostTier::HostTier(const KvLayout& layout, const HostTierOptions& options, std::byte* arena,
-                   size_t arena_bytes, uint64_t slots)
+                   size_t arena_bytes, uint64_t slots, uint64_t stride)
     : Tier(options.name, options.kind, layout, slots * layout.bytes_per_block()),
       arena_(arena),
       arena_bytes_(arena_bytes),
       num_slots_(slots),
+      stride_(stride),
+      options_(options),
       pool_(options.threads) {
+  const int parts = options.shared ? options.max_partitions + 1 : 1;
+  parts_.reset(new Partition[parts]);
+  parts_[0].base = arena;
+  num_parts_.store(1, std::memory_order_release);
+  if (options.shared) owner_.assign(slots, 0);
   WriterLock lock(&mu_);
   map_ = FlatIdMap(slots);
   keys_.resize(slots);
-  free_.reserve(slots);
+  free_.resize(parts);
+  held_.assign(parts, 0);
+  bounds_.assign(parts, Bounds{});
+  free_[0].reserve(slots);
   // Lowest slots on top of the stack: a small working set stays at the arena's start.
-  for (uint64_t i = slots; i-- > 0;) free_.push_back(static_cast<uint32_t>(i));
+  for (uint64_t i = slots; i-- > 0;) free_[0].push_back(static_cast<uint32_t>(i));
+  free_count_ = slots;
 }
 
 HostTier::~HostTier() {
@@ -118,6 +150,96 @@ HostTier::~HostTier() {
 #endif
   munmap(arena_, arena_bytes_);
   if (arena_fd_ >= 0) close(arena_fd_);
+  for (int p = 1; p < num_parts_.load(std::memory_order_acquire); ++p) {
+    munmap(parts_[p].base, arena_bytes_);
+    close(parts_[p].fd);
+  }
+}
+
+Result<int> HostTier::AddPartition(uint32_t tag, std::string_view name) {
+  if (!shared_) return Status::InvalidArgument(this->name() + ": partitions need a shared arena");
+  WriterLock lock(&mu_);
+  if (auto it = by_tag_.find(tag); it != by_tag_.end()) {
+    if (parts_[it->second].name != name)
+      return Status::InvalidArgument("tenant '" + std::string(name) + "' has the same tag as '" +
+                                     parts_[it->second].name +
+                                     "', which holds a partition of the arena; rename one");
+    return it->second;
+  }
+  const int p = num_parts_.load(std::memory_order_relaxed);
+  if (p > options_.max_partitions)
+    return Status::ResourceExhausted(this->name() + ": the arena has " +
+                                     std::to_string(options_.max_partitions) +
+                                     " tenant partitions already (serve.max_tenants)");
+  KVTIER_ASSIGN_OR_RETURN(auto m, SealedMemfd(this->name() + "-" + std::string(name), arena_bytes_,
+                                              options_.huge_pages));
+  parts_[p] = Partition{m.first, m.second, tag, std::string(name)};
+  by_tag_.emplace(tag, p);
+  num_parts_.store(p + 1, std::memory_order_release);
+  return p;
+}
+
+int HostTier::partition_fd(int p) const {
+  return p >= 0 && p < num_parts_.load(std::memory_order_acquire) ? parts_[p].fd : -1;
+}
+
+uint64_t HostTier::partition_slots(int p) const {
+  ReaderLock lock(&mu_);
+  return p >= 0 && static_cast<size_t>(p) < held_.size() ? held_[p] : 0;
+}
+
+void HostTier::SetBounds(int p, Bounds b) {
+  WriterLock lock(&mu_);
+  if (p < 0 || static_cast<size_t>(p) >= bounds_.size()) return;
+  bounds_[p] = b;
+  if (b.max_slots != UINT64_MAX || b.reserved_slots != 0)
+    bounded_.store(true, std::memory_order_release);
+}
+
+HostTier::Bounds HostTier::bounds(int p) const {
+  ReaderLock lock(&mu_);
+  return p >= 0 && static_cast<size_t>(p) < bounds_.size() ? bounds_[p] : Bounds{};
+}
+
+std::byte* HostTier::SlotPtr(uint32_t slot) const {
+  const uint64_t at = uint64_t{slot} * stride_;
+  return shared_ ? parts_[owner_[slot]].base + at : arena_ + at;
+}
+
+uint32_t HostTier::TakeSlot(int p) {
+  if (free_count_ == 0) return kNoSlot;
+  uint32_t slot = kNoSlot;
+  if (!free_[p].empty()) {
+    slot = free_[p].back();
+    free_[p].pop_back();
+  } else {
+    const int n = static_cast<int>(free_.size());
+    for (int i = 0; i < n && slot == kNoSlot; ++i) {
+      auto& f = free_[(free_cursor_ + i) % n];
+      if (f.empty()) continue;
+      free_cursor_ = (free_cursor_ + i) % n;
+      slot = f.back();
+      f.pop_back();
+    }
+    if (shared_ && owner_[slot] != p) {
+      // The slot's pages leave the old owner's memfd, under the lock so that no later owner's
+      // bytes can be punched by a late call. Best effort: pages that stay cost memory, never
+      // isolation (the new owner's bytes go to its own memfd).
+      (void)fallocate(parts_[owner_[slot]].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(SlotOffset(slot)), static_cast<off_t>(stride_));
+      owner_[slot] = static_cast<uint16_t>(p);
+    }
+  }
+  --free_count_;
+  ++held_[p];
+  return slot;
+}
+
+void HostTier::FreeSlot(uint32_t slot) {
+  const int p = shared_ ? owner_[slot] : 0;
+  free_[p].push_back(slot);
+  --held_[p];
+  ++free_count_;
 }
 
 void HostTier::Prefault(bool huge_pages) {
@@ -149,13 +271,12 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
                                     " bytes, want " + std::to_string(block_bytes()));
         continue;
       }
-      if (free_.empty()) {
+      sc.slots[i] = TakeSlot(PartOf(keys[i]));
+      if (sc.slots[i] == kNoSlot) {
         results[i] = Status::ResourceExhausted(name() + ": full (" + std::to_string(num_slots_) +
                                                " blocks)");
         continue;
       }
-      sc.slots[i] = free_.back();
-      free_.pop_back();
       results[i] = Status::Ok();
     }
   }
@@ -169,10 +290,10 @@ void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBloc
     if (sc.slots[i] == kNoSlot) continue;
     const uint32_t old = InsertSlot(keys[i], sc.slots[i]);
     if (old != FlatIdMap::kNone && shared_) {  // others may be reading the old slot: it stays
-      free_.push_back(sc.slots[i]);
+      FreeSlot(sc.slots[i]);
     } else if (old != FlatIdMap::kNone) {  // overwrite: the new copy replaces the old slot
       map_.Erase(keys[i], old);
-      free_.push_back(old);
+      FreeSlot(old);
       MapSlot(keys[i], sc.slots[i]);
     }
   }
@@ -230,7 +351,7 @@ Status HostTier::EraseImpl(std::span<const BlockKey> keys) {
   for (const BlockKey& k : keys) {
     const uint32_t slot = FindSlot(k);
     if (slot == FlatIdMap::kNone) continue;
-    free_.push_back(slot);
+    FreeSlot(slot);
     map_.Erase(k, slot);
   }
   return Status::Ok();
@@ -244,19 +365,29 @@ void HostTier::Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) 
   }
 }
 
-size_t HostTier::ReserveSlots(size_t n, std::vector<uint32_t>* out) {
+void HostTier::Pointers(std::span<const BlockKey> keys, std::span<const std::byte*> out) const {
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t slot = FindSlot(keys[i]);
+    out[i] = slot != FlatIdMap::kNone ? SlotPtr(slot) : nullptr;
+  }
+}
+
+size_t HostTier::ReserveSlots(int p, size_t n, std::vector<uint32_t>* out) {
   WriterLock lock(&mu_);
+  if (p < 0 || p >= num_parts_.load(std::memory_order_relaxed)) return 0;
   size_t got = 0;
-  for (; got < n && !free_.empty(); ++got) {
-    out->push_back(free_.back());
-    free_.pop_back();
+  for (; got < n; ++got) {
+    const uint32_t slot = TakeSlot(p);
+    if (slot == kNoSlot) break;
+    out->push_back(slot);
   }
   return got;
 }
 
 void HostTier::ReleaseSlots(std::span<const uint32_t> slots) {
   WriterLock lock(&mu_);
-  for (uint32_t s : slots) free_.push_back(s);
+  for (uint32_t s : slots) FreeSlot(s);
 }
 
 void HostTier::PublishSlots(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
@@ -264,7 +395,7 @@ void HostTier::PublishSlots(std::span<const BlockKey> keys, std::span<const uint
   WriterLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) {
     published[i] = InsertSlot(keys[i], slots[i]) == FlatIdMap::kNone;
-    if (!published[i]) free_.push_back(slots[i]);
+    if (!published[i]) FreeSlot(slots[i]);
   }
 }
 

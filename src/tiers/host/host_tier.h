@@ -14,15 +14,24 @@
 // overwrite waits for copies of that tier in flight; Put copies into a fresh unpublished slot
 // outside the lock and publishes it under the exclusive lock.
 //
-// Shared arena (options.shared, for `kvtier serve`): the arena is a memfd that other processes
-// map and copy blocks in and out of by slot offset. A resident block's slot then never moves
-// while it is resident (a second Put of a key keeps the first copy: a block's bytes are a
-// function of its key), and a writer outside the process fills a slot taken with ReserveSlots
-// that becomes visible only with PublishSlots.
+// Shared arena (options.shared, for `kvtier serve`): the arena is split into partitions, one
+// sealed memfd each (no shrink, no grow: a process holding one cannot make another fault), that
+// other processes map and copy blocks in and out of by slot offset. Every partition spans the
+// whole slot range, sparsely: a slot's bytes live in the memfd of the partition that owns it,
+// and when a slot changes owner its pages are punched out of the old owner's memfd. So a
+// process that maps one partition sees only blocks written into that partition, never
+// another's (the daemon gives each tenant its own). A key's partition is named by the tenant
+// tag in its upper 32 low bits (AddPartition); untagged keys use partition 0. A resident
+// block's slot never moves while it is resident (a second Put of a key keeps the first copy: a
+// block's bytes are a function of its key), and a writer outside the process fills a slot taken
+// with ReserveSlots that becomes visible only with PublishSlots.
 #ifndef KVTIER_SRC_TIERS_HOST_HOST_TIER_H_
 #define KVTIER_SRC_TIERS_HOST_HOST_TIER_H_
 
+#include <atomic>
+#include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "common/copy.h"
@@ -38,9 +47,10 @@ struct HostTierOptions {
   uint64_t capacity_bytes = 0;      // rounded down to whole blocks; >= one block
   int threads = 1;                  // copy threads, 1..64
   bool prefault = true;
-  bool huge_pages = true;  // MADV_HUGEPAGE on the arena
-  bool pin = true;         // cudaHostRegister when built with CUDA
-  bool shared = false;     // arena on a memfd that other processes map (see above)
+  bool huge_pages = true;   // MADV_HUGEPAGE on the arena
+  bool pin = true;          // cudaHostRegister when built with CUDA
+  bool shared = false;      // arena on memfds that other processes map (see above)
+  int max_partitions = 64;  // shared only: partitions besides partition 0, 1..4096
   Status Validate(const KvLayout& layout) const;
 };
 
@@ -53,23 +63,54 @@ class HostTier final : public Tier {
   bool pinned() const { return pinned_; }
   double prefault_seconds() const { return prefault_s_; }
 
-  // Shared arena only (else -1 / nothing): the memfd (owned by the tier) and its size.
+  // Shared arena only (else -1): partition 0's memfd (owned by the tier). arena_bytes() is the
+  // size of every partition's memfd.
   int arena_fd() const { return arena_fd_; }
   size_t arena_bytes() const { return arena_bytes_; }
-  std::byte* arena() const { return arena_; }
   static constexpr uint64_t kNoOffset = UINT64_MAX;
-  // out[i] = byte offset of keys[i]'s slot in the arena, or kNoOffset when not resident.
+
+  // Shared arena only. The partition of tenant tag `tag`, created on first use (`name` is for
+  // logs). ResourceExhausted when max_partitions exist; InvalidArgument when the tag belongs to
+  // a partition created under another name (two tenants whose tags collide never share one).
+  Result<int> AddPartition(uint32_t tag, std::string_view name);
+  // The memfd of partition p (owned by the tier), or -1.
+  int partition_fd(int p) const;
+  // The partition that holds key (by its tag), 0 when its tag has none.
+  int PartitionOf(const BlockKey& key) const {
+    ReaderLock lock(&mu_);
+    return PartOf(key);
+  }
+  // Slots partition p holds now (resident or reserved).
+  uint64_t partition_slots(int p) const;
+  // A partition's share of the slots: it holds at most max_slots (its own blocks are evicted
+  // for it beyond), and others' reservations do not evict it below reserved_slots. Enforced by
+  // the Cache's reservations (CacheHooks::Reserve), not by Put.
+  struct Bounds {
+    uint64_t max_slots = UINT64_MAX;
+    uint64_t reserved_slots = 0;
+  };
+  void SetBounds(int p, Bounds b);
+  Bounds bounds(int p) const;
+  bool bounded() const { return bounded_.load(std::memory_order_acquire); }
+
+  // out[i] = byte offset of keys[i]'s slot (in its partition's memfd), or kNoOffset when not
+  // resident.
   void Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) const;
-  // Takes up to n free slots for writers outside the tier; returns how many (appended to *out).
-  // The caller's room accounting (the Cache's policy) must already allow them.
-  size_t ReserveSlots(size_t n, std::vector<uint32_t>* out);
+  // out[i] = keys[i]'s bytes in this process, or nullptr when not resident. The pointer stays
+  // valid while the block stays resident (pin it).
+  void Pointers(std::span<const BlockKey> keys, std::span<const std::byte*> out) const;
+  // Takes up to n free slots of partition p for writers outside the tier; returns how many
+  // (appended to *out). The caller's room accounting (the Cache's policy) must allow them.
+  size_t ReserveSlots(int p, size_t n, std::vector<uint32_t>* out);
   // Returns reserved slots unpublished.
   void ReleaseSlots(std::span<const uint32_t> slots);
   // Makes reserved slot[i] resident as keys[i]. published[i] = false when the key was already
   // resident (the slot went back to the free list and the old copy stays).
   void PublishSlots(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                     std::span<bool> published);
-  uint64_t SlotOffset(uint32_t slot) const { return uint64_t{slot} * block_bytes(); }
+  uint64_t SlotOffset(uint32_t slot) const { return uint64_t{slot} * stride_; }
+  // A reserved or resident slot's bytes in this process.
+  std::byte* SlotPtr(uint32_t slot) const;
 
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
@@ -85,16 +126,38 @@ class HostTier final : public Tier {
   TierCapabilities CapabilitiesImpl() const override;
 
  private:
+  struct Partition {
+    int fd = -1;
+    std::byte* base = nullptr;
+    uint32_t tag = 0;
+    std::string name;
+  };
   HostTier(const KvLayout& layout, const HostTierOptions& options, std::byte* arena,
-           size_t arena_bytes, uint64_t slots);
-  std::byte* SlotPtr(uint32_t slot) const { return arena_ + uint64_t{slot} * block_bytes(); }
+           size_t arena_bytes, uint64_t slots, uint64_t stride);
   void Prefault(bool huge_pages);
+  // Takes a free slot for partition p (its own freed slots first, else another's, whose
+  // pages are punched out of the old owner); kNoSlot when none.
+  uint32_t TakeSlot(int p) KVTIER_REQUIRES(mu_);
+  void FreeSlot(uint32_t slot) KVTIER_REQUIRES(mu_);
+  int PartOf(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {
+    if (!shared_ || by_tag_.empty()) return 0;
+    auto it = by_tag_.find(static_cast<uint32_t>(key.lo >> 32));
+    return it == by_tag_.end() ? 0 : it->second;
+  }
 
   std::byte* const arena_;
   const size_t arena_bytes_;
   int arena_fd_ = -1;
   bool shared_ = false;
   const uint64_t num_slots_;
+  const uint64_t stride_;  // bytes between slots: a whole number of pages when shared
+  HostTierOptions options_;
+  // Partitions: fixed storage, so a published entry never moves; count_ grows under mu_ and
+  // is read with acquire (an entry is complete before count_ covers it).
+  std::unique_ptr<Partition[]> parts_;
+  std::atomic<int> num_parts_{0};
+  std::vector<uint16_t> owner_;       // slot -> partition (shared only); changed only while free
+  std::atomic<bool> bounded_{false};  // some partition has bounds
   bool pinned_ = false;
   double prefault_s_ = 0;
   CopyPool pool_;
@@ -115,7 +178,12 @@ class HostTier final : public Tier {
   }
   std::vector<BlockKey> keys_ KVTIER_GUARDED_BY(mu_);  // slot -> key while mapped
   FlatIdMap map_ KVTIER_GUARDED_BY(mu_);
-  std::vector<uint32_t> free_ KVTIER_GUARDED_BY(mu_);  // free slot stack
+  std::vector<std::vector<uint32_t>> free_ KVTIER_GUARDED_BY(mu_);  // per partition, stacks
+  std::vector<uint64_t> held_ KVTIER_GUARDED_BY(mu_);               // per partition
+  std::vector<Bounds> bounds_ KVTIER_GUARDED_BY(mu_);               // per partition
+  std::map<uint32_t, int> by_tag_ KVTIER_GUARDED_BY(mu_);
+  size_t free_count_ KVTIER_GUARDED_BY(mu_) = 0;
+  int free_cursor_ KVTIER_GUARDED_BY(mu_) = 0;  // where TakeSlot looks for others' slots
 };
 
 }  // namespace kvtier
