@@ -38,6 +38,9 @@ class Server {
   const std::string& socket_path() const;
   Cache& cache();
   ServeCounters counters() const;
+  // Per tenant: arena blocks held, its max and reserved blocks; blocks dropped for failing their
+  // checksum at load. Prometheus text.
+  std::string TenantPrometheusText() const;
 
   class Impl;
 

@@ -56,7 +56,7 @@ Result<int> Server::Impl::PartitionFor(const Conn& c) {
     if (!tenants_seen_.count(c.tenant)) {
       if (!bound) {
         uint32_t mine = 0;
-        for (const auto& [name, who] : tenants_seen_) mine += who.second == c.peer.uid;
+        for (const auto& [name, t] : tenants_seen_) mine += t.uid == c.peer.uid;
         if (mine >= per_uid)
           return Status::ResourceExhausted(
               c.Name() + " opened " + std::to_string(mine) +
@@ -64,10 +64,14 @@ Result<int> Server::Impl::PartitionFor(const Conn& c) {
               "' refused");
       }
       tenants_seen_.emplace(
-          c.tenant, std::make_pair(c.hello.tenant, bound ? static_cast<uid_t>(-1) : c.peer.uid));
+          c.tenant, TenantSeen{c.hello.tenant, bound ? static_cast<uid_t>(-1) : c.peer.uid, -1});
     }
   }
   KVTIER_ASSIGN_OR_RETURN(int p, host_->AddPartition(c.tenant_tag, c.tenant));
+  {
+    MutexLock lock(&tenants_mu_);
+    tenants_seen_[c.tenant].partition = p;
+  }
   const double max_share = bound ? binding.max_share : default_share;
   const double reserved = bound ? binding.reserved_share : 0.0;
   const auto slots = static_cast<double>(host_->slots());
@@ -335,8 +339,8 @@ Status Server::Impl::OnDropTenant(Conn* c, std::span<const std::byte> in, Writer
   std::vector<uint32_t> tags{TenantTag(tenant)};
   {
     MutexLock lock(&tenants_mu_);
-    for (const auto& [name, who] : tenants_seen_)
-      if (who.first == tenant) tags.push_back(TenantTag(name));
+    for (const auto& [name, t] : tenants_seen_)
+      if (t.declared == tenant) tags.push_back(TenantTag(name));
   }
   DropTenantReply r;
   r.dropped = CacheHooks::DropMatching(

@@ -140,9 +140,15 @@ class Server::Impl {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> refused_{0}, bad_frames_{0}, leases_now_{0}, reservations_now_{0};
   std::atomic<uint64_t> corrupt_loads_{0};
-  Mutex tenants_mu_;
-  // Effective tenant -> {declared name, uid that opened it}, for drop and per-uid limits.
-  std::map<std::string, std::pair<std::string, uid_t>> tenants_seen_ KVTIER_GUARDED_BY(tenants_mu_);
+  mutable Mutex tenants_mu_;
+  struct TenantSeen {
+    std::string declared;
+    uid_t uid = static_cast<uid_t>(-1);  // the uid of an unlisted tenant; -1 for a listed one
+    int partition = -1;
+  };
+  // Effective tenant -> what it is, for drop, per-uid limits and metrics.
+  std::map<std::string, TenantSeen> tenants_seen_ KVTIER_GUARDED_BY(tenants_mu_);
+  std::string TenantPrometheusText() const;
   LogLimiter no_revision_log_;  // clients that declare no model revision
   LogLimiter refused_log_;
 

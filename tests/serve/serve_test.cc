@@ -593,6 +593,10 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   EXPECT_GT(metrics["kvtier_tier_evictions_total{tier=\"host\"}"], 0);
   EXPECT_GE(metrics["kvtier_serve_clients"], 1);
   EXPECT_EQ(metrics.count("kvtier_serve_leases"), 1u);
+  // Per tenant (every block was removed above: none held now), and checksum failures.
+  EXPECT_EQ(metrics.count("kvtier_serve_tenant_arena_blocks{tenant=\"" + UidTenant("") + "\"}"),
+            1u);
+  EXPECT_EQ(metrics.count("kvtier_serve_corrupt_blocks_total"), 1u);
 }
 
 // Runs the real CLI; returns its exit status and puts its stdout in *out.

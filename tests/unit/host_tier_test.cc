@@ -1,5 +1,8 @@
 #include "tiers/host/host_tier.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -190,6 +193,80 @@ TEST(HostTierTest, ConcurrentReadersNeverSeeTornBlocks) {
     for (size_t i = 1; i < bb; ++i) ASSERT_EQ(out[i], out[0]) << "torn read at byte " << i;
   }
   writer.join();
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// A key of tenant tag `tag` (the daemon's internal keys carry it in the upper half of lo).
+BlockKey Tagged(uint32_t tag, uint64_t i) {
+  return BlockKey{i * 7919 + 1, (uint64_t{tag} << 32) | i};
+}
+
+// Whether any of `bytes` appears in fd's whole memfd.
+bool MemfdHolds(int fd, size_t size, const std::vector<std::byte>& bytes) {
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return false;
+  const bool found = memmem(p, size, bytes.data(), bytes.size()) != nullptr;
+  munmap(p, size);
+  return found;
+}
+
+TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
+  HostTierOptions o;
+  o.capacity_bytes = 4 * SmallLayout().bytes_per_block();
+  o.shared = true;
+  o.max_partitions = 2;
+  auto t = HostTier::Open(SmallLayout(), o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  HostTier& tier = **t;
+  auto a = tier.AddPartition(0xA, "a");
+  auto b = tier.AddPartition(0xB, "b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*tier.AddPartition(0xA, "a"), *a);
+  EXPECT_FALSE(tier.AddPartition(0xA, "not-a").ok());  // a colliding tag is refused
+  EXPECT_EQ(tier.AddPartition(0xC, "c").status().code(), StatusCode::kResourceExhausted);
+  const size_t bb = tier.block_bytes();
+  // A fills the whole arena, then B takes every slot over: A's pages are punched out.
+  std::vector<std::vector<std::byte>> da, db;
+  std::vector<BlockKey> ka, kb;
+  std::vector<ConstBlock> ia, ib;
+  for (uint64_t i = 0; i < 4; ++i) {
+    da.push_back(MakeBlock(bb, 100 + i));
+    db.push_back(MakeBlock(bb, 200 + i));
+    ka.push_back(Tagged(0xA, i));
+    kb.push_back(Tagged(0xB, i));
+  }
+  for (auto& d : da) ia.emplace_back(d);
+  for (auto& d : db) ib.emplace_back(d);
+  std::vector<Status> res(4);
+  ASSERT_TRUE(tier.Put(ka, ia, res).ok());
+  const int fa = tier.partition_fd(*a), fb = tier.partition_fd(*b);
+  EXPECT_TRUE(MemfdHolds(fa, tier.arena_bytes(), da[0]));
+  EXPECT_FALSE(MemfdHolds(fb, tier.arena_bytes(), da[0]));
+  EXPECT_EQ(tier.partition_slots(*a), 4u);
+  ASSERT_TRUE(tier.Erase(ka).ok());
+  ASSERT_TRUE(tier.Put(kb, ib, res).ok());
+  for (auto& s : res) EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(tier.partition_slots(*a), 0u);
+  EXPECT_EQ(tier.partition_slots(*b), 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_FALSE(MemfdHolds(fa, tier.arena_bytes(), da[i])) << "A's pages stayed, slot " << i;
+    EXPECT_FALSE(MemfdHolds(fa, tier.arena_bytes(), db[i])) << "B's bytes in A's memfd";
+    EXPECT_TRUE(MemfdHolds(fb, tier.arena_bytes(), db[i]));
+  }
+  std::vector<std::byte> got(bb);
+  std::vector<MutableBlock> out{MutableBlock(got)};
+  std::vector<Status> one(1);
+  ASSERT_TRUE(tier.Get(std::span<const BlockKey>(&kb[2], 1), out, one).ok());
+  EXPECT_TRUE(one[0].ok());
+  EXPECT_EQ(got, db[2]);
+  // Sealed: whoever holds the fd can neither shrink nor grow it.
+  EXPECT_NE(ftruncate(fb, 0), 0);
+  EXPECT_NE(ftruncate(fb, static_cast<off_t>(tier.arena_bytes()) * 2), 0);
 }
 
 }  // namespace

@@ -91,6 +91,7 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
       t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
            "kvtier_serve_protocol_errors_total " +
            std::to_string(c.disconnects) + "\n";
+      t += srv->TenantPrometheusText();
       return t;
     });
     if (!m.ok()) {

@@ -42,6 +42,9 @@ Status HostTierOptions::Validate(const KvLayout& layout) const {
   if (capacity_bytes < layout.bytes_per_block())
     return Status::InvalidArgument(name + ".capacity_bytes: " + FormatBytes(capacity_bytes) +
                                    " holds no block of " + FormatBytes(layout.bytes_per_block()));
+  if (shared && (max_partitions < 1 || max_partitions > 4096))
+    return Status::InvalidArgument(name + ": max_partitions must be in 1..4096, got " +
+                                   std::to_string(max_partitions));
   if (capacity_bytes / layout.bytes_per_block() >= kNoSlot)
     return Status::InvalidArgument(name + ".capacity_bytes: too many slots");
   return Status::Ok();
