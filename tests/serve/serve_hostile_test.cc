@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -103,6 +104,40 @@ TEST_F(ServeHostileTest, ArenaCannotBeTruncatedScannedOrOverwrittenAcrossTenants
   }
   close(bfd);
   EXPECT_TRUE(StatusOf(d).ok()) << d.Log();
+}
+
+// Another uid declaring the same (unlisted) tenant name gets a tenant of its own.
+TEST_F(ServeHostileTest, AnotherUidDeclaringTheSameNameSeesNothing) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534 (CI runs as root)";
+  ASSERT_EQ(chmod(dir_.path().c_str(), 0711), 0);
+  Daemon d(dir_.path(), Config(64, "", "  socket_mode: 0666\n"));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto root = Client::Open(Opts(d));
+  ASSERT_TRUE(root.ok());
+  ASSERT_EQ(StoreChain(**root, 4, 8).stored_blocks, 8u);
+  const auto blocks = ChainBytes(**root, 4, 8);
+  const pid_t kid = fork();
+  ASSERT_GE(kid, 0);
+  if (kid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(10);
+    Raw other(d.socket());
+    int fd = -1;
+    if (!other.Hello(serve::kProtocolVersion, &fd).ok() || fd < 0) _exit(11);
+    Mapping m(fd);
+    if (m.base == nullptr) _exit(12);
+    for (const auto& block : blocks)
+      if (memmem(m.base, m.bytes, block.data(), 256) != nullptr) _exit(1);
+    // Its lookups of the same tokens hit nothing either.
+    ClientOptions o = Opts(d);
+    auto c = Client::Open(o);
+    if (!c.ok() || LoadChain(**c, 4, 8) != 0) _exit(2);
+    _exit(0);
+  }
+  int st = 0;
+  ASSERT_EQ(waitpid(kid, &st, 0), kid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "1: root's bytes in its mapping; 2: a hit on root's blocks";
+  EXPECT_EQ(LoadChain(**root, 4, 8), 8);
 }
 
 TEST_F(ServeHostileTest, BytesChangedAfterCommitAreMissesThenRepaired) {
