@@ -151,6 +151,20 @@ KVTIER_C_EXPORT kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* to
                                          const kvtier_request* request,
                                          kvtier_store_result* result);
 
+/* What is known of a session's lifecycle, for the session-aware eviction policy ("session"):
+ * a session waiting on a tool call comes back; a finished one does not. */
+typedef enum kvtier_session_event {
+  KVTIER_SESSION_THINKING = 0, /* waiting on the user or a tool call: will come back */
+  KVTIER_SESSION_ACTIVE = 1,   /* a request of the session is running */
+  KVTIER_SESSION_FINISHED = 2, /* ended: its private blocks will not return */
+  KVTIER_SESSION_RESET = 3     /* its context was reset: its old blocks will not return */
+} kvtier_session_event;
+
+/* Tells the cache (or the daemon, through a client) that session_id (non-zero, as given in
+ * kvtier_request.session_id) did `event`. INVALID_ARGUMENT for session 0 or an unknown event. */
+KVTIER_C_EXPORT kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,
+                                                  kvtier_session_event event);
+
 /* The cache's counters. */
 KVTIER_C_EXPORT kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out);
 

@@ -61,7 +61,8 @@ void Cache::Impl::UnreserveHost(std::span<const uint32_t> slots) {
 }
 
 StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
-                                    std::span<const uint64_t> checksums, uint32_t first_block) {
+                                    std::span<const uint64_t> checksums, uint32_t first_block,
+                                    uint64_t session_id) {
   const uint64_t t0 = MonotonicNs();
   TierState& st = *tiers_[0];
   auto* host = static_cast<HostTier*>(st.tier.get());
@@ -74,7 +75,7 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
   b.now_s = MonotonicSeconds();
   for (size_t j = 0; j < keys.size(); ++j)
     b.Add(keys[j], ConstBlock(host->SlotPtr(slots[j]), host->block_bytes()), checksums[j],
-          first_block + static_cast<uint32_t>(j), prefix_tokens, 0);
+          first_block + static_cast<uint32_t>(j), prefix_tokens, session_id);
   // Synchronous writes: lower tiers first, from the still-reserved slots: nobody can evict or
   // reuse a reserved slot, so the bytes written down are the bytes committed.
   if (lower && !async_) {
@@ -92,7 +93,7 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
     MutexLock lock(&st.mu);
     st.reserved -= keys.size();
     for (size_t j = keys.size(); j-- > 0;) {
-      st.policy->OnInsert(keys[j], AccessHint{0, b.positions[j], b.now_s});
+      st.policy->OnInsert(keys[j], AccessHint{session_id, b.positions[j], b.now_s});
       if (st.tracks_positions) st.positions.Insert(keys[j], b.positions[j]);
       if (!published[j]) {
         ++r.present_blocks;
@@ -111,7 +112,7 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
     for (size_t j = 0; j < keys.size(); ++j) {
       IndexEntry e;
       if (!index_.Get(keys[j], &e) || !(e.tiers & 1)) continue;  // evicted before the pin
-      job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, 0);
+      job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, session_id);
       job.from.push_back(0);
     }
     job.batch.now_s = b.now_s;
@@ -238,8 +239,8 @@ void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {
 
 StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
                                std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
-                               uint32_t first_block) {
-  return cache.impl_->CommitHost(keys, slots, checksums, first_block);
+                               uint32_t first_block, uint64_t session_id) {
+  return cache.impl_->CommitHost(keys, slots, checksums, first_block, session_id);
 }
 
 void CacheHooks::Checksums(const Cache& cache, std::span<const BlockKey> keys,

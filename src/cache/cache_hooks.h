@@ -36,7 +36,7 @@ class CacheHooks {
   // tier 0 keeps its copy (present_blocks); its slot is freed.
   static StoreResult Commit(Cache& cache, std::span<const BlockKey> keys,
                             std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
-                            uint32_t first_block);
+                            uint32_t first_block, uint64_t session_id = 0);
 
   // Cache::Load, with the promotion of blocks from lower tiers into tier 0 done before it
   // returns (the client reads them from the arena), not in the background.

@@ -235,7 +235,8 @@ class Cache::Impl {
   size_t ReserveHost(int partition, size_t n, std::vector<uint32_t>* slots);
   void UnreserveHost(std::span<const uint32_t> slots);
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
-                         std::span<const uint64_t> checksums, uint32_t first_block);
+                         std::span<const uint64_t> checksums, uint32_t first_block,
+                         uint64_t session_id);
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 

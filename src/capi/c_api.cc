@@ -259,6 +259,21 @@ kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num
   });
 }
 
+kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,
+                                  kvtier_session_event event) {
+  return Guard("kvtier_session_notify", [&] {
+    if (cache == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_session_notify: cache is NULL");
+    if (session_id == 0)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_session_notify: session 0 means no session");
+    if (event < KVTIER_SESSION_THINKING || event > KVTIER_SESSION_RESET)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_session_notify: unknown event " +
+                                               std::to_string(static_cast<int>(event)));
+    cache->impl->NotifySession(session_id, static_cast<kvtier::SessionEvent>(event));
+    return KVTIER_OK;
+  });
+}
+
 kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out) {
   return Guard("kvtier_cache_stats", [&] {
     if (cache == nullptr || out == nullptr)

@@ -534,11 +534,12 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
   Status s = impl_->Call(
       serve::MsgType::kReserve,
       [&](Writer* w) {
-        w->Str(request.tenant);
-        w->Str(request.lora_id);
-        w->U32(first_block);
-        w->U32(static_cast<uint32_t>(keys.size()));
-        w->Raw(keys.data(), keys.size() * sizeof(BlockKey));
+        serve::ReserveReq rq;
+        rq.scope = serve::Scope{request.tenant, request.lora_id};
+        rq.session_id = request.session_id;
+        rq.first_block = first_block;
+        rq.keys.assign(keys.begin(), keys.end());
+        serve::EncodeReserve(rq, w);
       },
       &reply, &gen, &arena);
   serve::ReserveReply rr;

@@ -319,6 +319,7 @@ Status DecodeLoadReply(Reader* r, LoadReply* m) {
 
 void EncodeReserve(const ReserveReq& m, Writer* w) {
   EncodeScope(m.scope, w);
+  w->U64(m.session_id);
   w->U32(m.first_block);
   EncodeKeys(m.keys, w);
 }
@@ -326,6 +327,7 @@ void EncodeReserve(const ReserveReq& m, Writer* w) {
 Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m) {
   Reader r(in);
   DecodeScope(&r, &m->scope);
+  r.U64(&m->session_id);
   r.U32(&m->first_block);
   DecodeKeys(&r, &m->keys);
   return r.Done("reserve");

@@ -25,7 +25,8 @@
 
 namespace kvtier::serve {
 
-// 2: lookup and load replies carry each block's checksum (the client verifies what it reads).
+// 2: lookup and load replies carry each block's checksum (the client verifies what it reads);
+//    reserve carries the storing request's session id.
 inline constexpr uint32_t kProtocolVersion = 2;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
@@ -172,6 +173,7 @@ struct LoadReply {
 
 struct ReserveReq {
   Scope scope;
+  uint64_t session_id = 0;  // the storing request's session (0: none), for the policy
   uint32_t first_block = 0;
   std::vector<BlockKey> keys;
 };

@@ -253,6 +253,7 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   }
   Reservation res;
   res.first_block = m.first_block;
+  res.session_id = m.session_id;
   if (!need.empty()) {
     const size_t got = CacheHooks::Reserve(*cache_, c->partition, need.size(), &res.slots);
     // The chain's head first: a later block is useless without the ones before it.
@@ -321,7 +322,7 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
   }
   if (!dropped.empty()) CacheHooks::Unreserve(*cache_, dropped);
   if (!keys.empty()) {
-    StoreResult s = CacheHooks::Commit(*cache_, keys, slots, sums, res.first_block);
+    StoreResult s = CacheHooks::Commit(*cache_, keys, slots, sums, res.first_block, res.session_id);
     r.stored = s.stored_blocks;
     r.present = s.present_blocks;
   }

@@ -44,6 +44,7 @@ struct Reservation {
   std::vector<BlockKey> keys;  // internal keys of the reserved slots, in order
   std::vector<uint32_t> slots;
   uint32_t first_block = 0;
+  uint64_t session_id = 0;
   uint64_t expires_ns = 0;
 };
 

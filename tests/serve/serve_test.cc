@@ -694,3 +694,33 @@ TEST_F(ServeTest, DropTenantDropsOnlyThatTenantFromEveryTier) {
 
 }  // namespace
 }  // namespace kvtier::testing
+
+namespace kvtier::testing {
+namespace {
+
+// Stores through the daemon carry their session, and session events reach the policy: a
+// finished session's blocks go first, though another session's are older (LRU would take
+// those).
+TEST_F(ServeTest, StoresCarryTheirSessionAndFinishedSessionsAreEvictedFirst) {
+  std::string y = Config(16);
+  const std::string tier = "params: {prefault: false}}";
+  y.replace(y.find(tier), tier.size(), "eviction: session, " + tier);
+  Daemon d(dir_.path(), y);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d));
+  ASSERT_TRUE(c.ok());
+  RequestOptions s7, s9, s11;
+  s7.session_id = 7;
+  s9.session_id = 9;
+  s11.session_id = 11;
+  ASSERT_EQ(StoreChain(**c, 1, 8, 0, s7).stored_blocks, 8u);  // older
+  ASSERT_EQ(StoreChain(**c, 2, 8, 0, s9).stored_blocks, 8u);  // newer: the arena is full
+  (*c)->NotifySession(7, SessionEvent::kThinking);
+  (*c)->NotifySession(9, SessionEvent::kFinished);
+  ASSERT_EQ(StoreChain(**c, 3, 4, 0, s11).stored_blocks, 4u);
+  EXPECT_EQ(LoadChain(**c, 1, 8, s7), 8);  // the thinking session kept its blocks
+  EXPECT_LT(LoadChain(**c, 2, 8, s9), 8);
+}
+
+}  // namespace
+}  // namespace kvtier::testing

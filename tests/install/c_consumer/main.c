@@ -53,6 +53,7 @@ static int ThroughDaemon(const char* socket) {
   }
   kvtier_store_result sr;
   CHECK(kvtier_store(cache, tokens, kBlocks * 16, in, kBlocks, 0, NULL, &sr) == KVTIER_OK);
+  CHECK(kvtier_session_notify(cache, 5, KVTIER_SESSION_THINKING) == KVTIER_OK); /* to the daemon */
   CHECK(sr.stored_blocks == kBlocks);
   kvtier_lookup* lk = NULL;
   CHECK(kvtier_lookup_tokens(cache, tokens, kBlocks * 16, NULL, &lk) == KVTIER_OK);
@@ -138,6 +139,11 @@ int main(int argc, char** argv) {
   CHECK(kvtier_store(cache, tokens, sizeof tokens / sizeof tokens[0], in, kBlocks, 0, NULL, &sr) ==
         KVTIER_OK);
   CHECK(sr.stored_blocks == kBlocks && sr.failed_blocks == 0);
+  /* Session events: taken for a real session, refused for none or an unknown event. */
+  CHECK(kvtier_session_notify(cache, 42, KVTIER_SESSION_FINISHED) == KVTIER_OK);
+  CHECK(kvtier_session_notify(cache, 0, KVTIER_SESSION_FINISHED) == KVTIER_INVALID_ARGUMENT);
+  CHECK(kvtier_session_notify(cache, 42, (kvtier_session_event)9) == KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "unknown event 9") != NULL);
 
   CHECK(kvtier_lookup_tokens(cache, tokens, sizeof tokens / sizeof tokens[0], NULL, &lk) ==
         KVTIER_OK);
