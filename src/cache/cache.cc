@@ -310,7 +310,7 @@ CacheStats Cache::Impl::Stats() const {
     t.name = st->tier->name();
     t.kind = st->tier->kind();
     t.tier = st->tier->stats();
-    t.resident_blocks = t.tier.used_bytes / st->tier->block_bytes();
+    t.resident_blocks = t.tier.resident_blocks;
     t.hit_blocks = st->hit_blocks.load(std::memory_order_relaxed);
     t.evictions = st->evictions.load(std::memory_order_relaxed);
     t.writebacks = st->writebacks.load(std::memory_order_relaxed);

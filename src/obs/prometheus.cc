@@ -97,14 +97,14 @@ std::string Cache::PrometheusText() const {
                [](const T& t) { return t.tier.used_bytes; });
   tier_counter("kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier",
                [](const T& t) { return t.tier.capacity_bytes; });
-  // Kind-specific counters, one metric per name over the tiers that have it.
+  // Kind-specific counters and gauges, one metric per name over the tiers that have it.
   std::vector<std::string> seen;
   for (const auto& t : s.tiers) {
     for (const auto& c : t.tier.counters) {
-      const std::string name = std::string("kvtier_tier_") + c.name + "_total";
+      const std::string name = std::string("kvtier_tier_") + c.name + (c.gauge ? "" : "_total");
       if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
       seen.push_back(name);
-      Header(&out, name.c_str(), "counter", c.help);
+      Header(&out, name.c_str(), c.gauge ? "gauge" : "counter", c.help);
       for (const auto& u : s.tiers) {
         for (const auto& d : u.tier.counters) {
           if (std::string_view(d.name) != c.name) continue;
