@@ -135,6 +135,9 @@ std::string Cache::PrometheusText() const {
           s.write_queue_waits);
   counter("kvtier_promotions_dropped_total", "Promotions skipped: the write queue was full",
           s.promotions_dropped);
+  counter("kvtier_write_through_dropped_blocks_total",
+          "Committed blocks not written through: the write queue was full (the daemon never waits)",
+          s.write_through_dropped_blocks);
   Header(&out, "kvtier_lookup_latency_seconds", "histogram", "Lookup latency");
   Histo(&out, "kvtier_lookup_latency_seconds", "", s.lookup_latency_ns);
   Header(&out, "kvtier_load_latency_seconds", "histogram", "Load latency");

@@ -185,6 +185,12 @@ Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view
     return Status::InvalidArgument(std::string(source) +
                                    ": tiers[0].kind: the daemon's first tier must be a host "
                                    "tier (its arena is what clients map)");
+  // Without a queue every commit writes the lower tiers itself: a slow SSD or Redis then holds
+  // clients past their deadline.
+  if (c.cache.write_queue_blocks == 0 && c.cache.tiers.size() > 1)
+    return Status::InvalidArgument(std::string(source) +
+                                   ": write_queue_blocks: 0 makes every commit wait on the lower "
+                                   "tiers; the daemon needs a write queue (> 0)");
   return c;
 }
 
