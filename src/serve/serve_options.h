@@ -37,8 +37,16 @@ struct ServeOptions {
   // can only poison blocks of the namespaces it may write anyway.
   bool verify_commit = false;
   uint32_t max_clients = 1024;
+  // OK, or InvalidArgument naming the key ("metrics_addr: ...").
   Status Validate() const;
 };
+
+// OK for "PORT", ":PORT" or "HOST:PORT" with PORT in 0..65535 (0: any free port); else
+// InvalidArgument saying why (a bad port was bound as another one: 99999 became 34463).
+Status CheckMetricsAddr(std::string_view addr);
+// OK for a ZeroMQ endpoint the daemon can bind: "tcp://HOST:PORT" (PORT in 0..65535 or *),
+// "ipc://PATH" or "inproc://NAME"; else InvalidArgument saying why.
+Status CheckEventsAddr(std::string_view addr);
 
 struct ServeConfig {
   CacheOptions cache;
