@@ -106,6 +106,9 @@ struct CacheStats {
   uint64_t stored_blocks = 0;
   uint64_t write_queue_waits = 0;   // Stores that waited for room in the write queue
   uint64_t promotions_dropped = 0;  // promotions skipped because the write queue was full
+  // Blocks the daemon's commits kept in the host arena only: the write queue was full (the
+  // lower tiers slower than the commits), and a commit never waits for it.
+  uint64_t write_through_dropped_blocks = 0;
   Histogram::Snapshot lookup_latency_ns;
   Histogram::Snapshot load_latency_ns;
   Histogram::Snapshot store_latency_ns;

@@ -70,14 +70,19 @@ struct TierStats {
   uint64_t erases = 0;
   uint64_t used_bytes = 0;
   uint64_t capacity_bytes = 0;
+  // Blocks held: counted by the tier, not derived from used_bytes where those include more
+  // than blocks (a disk tier's headers and dead records, a Redis server's own memory).
+  uint64_t resident_blocks = 0;
   Histogram::Snapshot put_latency_ns;  // per batch
   Histogram::Snapshot get_latency_ns;  // per batch
   // What only some kinds count (the remote tier: breaker opens, deadline hits, corrupt values
-  // dropped, ...), exported as kvtier_tier_<name>_total in /metrics.
+  // dropped, ...), exported as kvtier_tier_<name>_total in /metrics; a gauge (a level, such as
+  // "degraded": 1 while the tier is in trouble) as kvtier_tier_<name>.
   struct Counter {
     const char* name;  // a static string: [a-z_]+
     const char* help;  // a static string
     uint64_t value;
+    bool gauge = false;
   };
   std::vector<Counter> counters;
 };
@@ -149,6 +154,9 @@ class Tier {
   virtual Status EraseImpl(std::span<const BlockKey> keys) = 0;
   virtual uint64_t UsedBytesImpl() const = 0;
   virtual TierCapabilities CapabilitiesImpl() const = 0;
+  // Blocks held, given the used_bytes() just read; by default used_bytes / block_bytes() (exact
+  // for tiers whose bytes are their blocks).
+  virtual uint64_t ResidentBlocksImpl(uint64_t used_bytes) const;
   // Appends the kind's own counters to stats(); none by default.
   virtual void CountersImpl(std::vector<TierStats::Counter>* out) const;
 

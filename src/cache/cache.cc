@@ -310,7 +310,7 @@ CacheStats Cache::Impl::Stats() const {
     t.name = st->tier->name();
     t.kind = st->tier->kind();
     t.tier = st->tier->stats();
-    t.resident_blocks = t.tier.used_bytes / st->tier->block_bytes();
+    t.resident_blocks = t.tier.resident_blocks;
     t.hit_blocks = st->hit_blocks.load(std::memory_order_relaxed);
     t.evictions = st->evictions.load(std::memory_order_relaxed);
     t.writebacks = st->writebacks.load(std::memory_order_relaxed);
@@ -328,6 +328,7 @@ CacheStats Cache::Impl::Stats() const {
   s.stored_blocks = stored_blocks_.load(std::memory_order_relaxed);
   s.write_queue_waits = write_queue_waits_.load(std::memory_order_relaxed);
   s.promotions_dropped = promotions_dropped_.load(std::memory_order_relaxed);
+  s.write_through_dropped_blocks = write_through_dropped_.load(std::memory_order_relaxed);
   s.lookup_latency_ns = lookup_latency_.Take();
   s.load_latency_ns = load_latency_.Take();
   s.store_latency_ns = store_latency_.Take();

@@ -2,6 +2,8 @@
 // host arena's reservations and commits, flush and drop.
 #include <map>
 
+#include <spdlog/spdlog.h>
+
 #include "cache/cache_impl.h"
 
 namespace kvtier {
@@ -118,7 +120,21 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
     job.batch.now_s = b.now_s;
     job.first_target = 1;
     job.last_target = static_cast<int>(tiers_.size()) - 1;
-    if (job.batch.size() > 0) Enqueue(std::move(job), /*wait=*/true);
+    // Never waits for the writer: a commit that waited on a slow SSD or Redis ran past the
+    // client's deadline, and the client dropped its leases and stores. A full queue drops the
+    // write-through instead (counted): the blocks stay in the arena, unpinned, so they stay
+    // evictable and the next reserve finds room (what the queue's cut in OpenTiers is for).
+    const size_t n = job.batch.size();
+    if (n > 0 && !Enqueue(std::move(job), /*wait=*/false)) {
+      write_through_dropped_.fetch_add(n, std::memory_order_relaxed);
+      if (write_through_log_.Allow()) {
+        spdlog::warn(
+            "cache: the write queue is full (lower tiers slower than commits): {} blocks kept in "
+            "{} only, not written through (said at most every {} s; counted in "
+            "kvtier_write_through_dropped_blocks_total)",
+            n, st.tier->name(), LogLimiter::kIntervalS);
+      }
+    }
   }
   stores_.fetch_add(1, std::memory_order_relaxed);
   stored_blocks_.fetch_add(r.stored_blocks, std::memory_order_relaxed);

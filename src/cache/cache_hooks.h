@@ -31,9 +31,12 @@ class CacheHooks {
   static void Unreserve(Cache& cache, std::span<const uint32_t> slots);
 
   // Makes the reserved slots[i] resident as keys[i] (positions first_block.. of a chain) with
-  // checksums[i]: written through to the lower tiers first (write-through mode), then
-  // published in tier 0, its policy and the index, with events. A key already resident in
-  // tier 0 keeps its copy (present_blocks); its slot is freed.
+  // checksums[i]: published in tier 0, its policy and the index, with events, then queued for
+  // the lower tiers (write-through mode). Never waits on a lower tier: when the write queue is
+  // full, the write-through is dropped and counted (CacheStats::write_through_dropped_blocks).
+  // A cache without a write queue (write_queue_blocks 0) writes the lower tiers first, here; the
+  // daemon's config refuses that. A key already resident in tier 0 keeps its copy
+  // (present_blocks); its slot is freed.
   static StoreResult Commit(Cache& cache, std::span<const BlockKey> keys,
                             std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
                             uint32_t first_block, uint64_t session_id = 0);

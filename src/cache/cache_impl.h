@@ -22,6 +22,7 @@
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/flat_map.h"
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "index/block_index.h"
 #include "tiers/disk/io_engine.h"
@@ -162,8 +163,9 @@ class Cache::Impl {
     }
     // Write-through: queued writes pin their blocks in the first tier until written. A queue
     // longer than half that tier lets a burst fill it with pinned blocks, and the daemon's next
-    // reserve finds no room: cut to half, the queue's backpressure (Store or commit waits) comes
-    // first. (Write-back victims leave the tier staged: they pin nothing there.)
+    // reserve finds no room: cut to half, the queue's backpressure comes first (Store waits;
+    // the daemon's commit drops the write-through instead, see CommitHost). (Write-back victims
+    // leave the tier staged: they pin nothing there.)
     write_queue_cap_ = options_.write_queue_blocks;
     if (write_queue_cap_ > 0 && options_.write_mode == WriteMode::kWriteThrough &&
         tiers_.size() > 1 && tiers_[0]->caps.managed_by_cache)
@@ -335,7 +337,8 @@ class Cache::Impl {
  public:
   std::atomic<uint64_t> lookups_{0}, lookup_blocks_{0}, hit_blocks_{0}, loads_{0},
       load_failed_blocks_{0}, stores_{0}, stored_blocks_{0}, write_queue_waits_{0},
-      promotions_dropped_{0};
+      promotions_dropped_{0}, write_through_dropped_{0};
+  LogLimiter write_through_log_;
   Histogram lookup_latency_, load_latency_, store_latency_;
 };
 

@@ -97,14 +97,14 @@ std::string Cache::PrometheusText() const {
                [](const T& t) { return t.tier.used_bytes; });
   tier_counter("kvtier_tier_capacity_bytes", "gauge", "Capacity of the tier",
                [](const T& t) { return t.tier.capacity_bytes; });
-  // Kind-specific counters, one metric per name over the tiers that have it.
+  // Kind-specific counters and gauges, one metric per name over the tiers that have it.
   std::vector<std::string> seen;
   for (const auto& t : s.tiers) {
     for (const auto& c : t.tier.counters) {
-      const std::string name = std::string("kvtier_tier_") + c.name + "_total";
+      const std::string name = std::string("kvtier_tier_") + c.name + (c.gauge ? "" : "_total");
       if (std::find(seen.begin(), seen.end(), name) != seen.end()) continue;
       seen.push_back(name);
-      Header(&out, name.c_str(), "counter", c.help);
+      Header(&out, name.c_str(), c.gauge ? "gauge" : "counter", c.help);
       for (const auto& u : s.tiers) {
         for (const auto& d : u.tier.counters) {
           if (std::string_view(d.name) != c.name) continue;
@@ -135,6 +135,9 @@ std::string Cache::PrometheusText() const {
           s.write_queue_waits);
   counter("kvtier_promotions_dropped_total", "Promotions skipped: the write queue was full",
           s.promotions_dropped);
+  counter("kvtier_write_through_dropped_blocks_total",
+          "Committed blocks not written through: the write queue was full (the daemon never waits)",
+          s.write_through_dropped_blocks);
   Header(&out, "kvtier_lookup_latency_seconds", "histogram", "Lookup latency");
   Histo(&out, "kvtier_lookup_latency_seconds", "", s.lookup_latency_ns);
   Header(&out, "kvtier_load_latency_seconds", "histogram", "Load latency");

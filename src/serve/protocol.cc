@@ -194,6 +194,11 @@ Status DecodeHello(std::span<const std::byte> in, Hello* m) {
   if (!r.U32(&m->version)) return Status::InvalidArgument("hello: truncated");
   if (m->version != kProtocolVersion) return Status::Ok();
   DecodeLayout(&r, &m->layout);
+  // No shape (no layers, heads or head size): an operator hello, which doc/protocol.md
+  // documents as an all-zero layout. It stands for KvLayout{}, whose block_tokens (64) the
+  // wire's zeros need not repeat: the daemon compared against KvLayout{} and refused them.
+  const KvLayout& l = m->layout;
+  if (l.num_layers == 0 && l.num_kv_heads == 0 && l.head_dim == 0) m->layout = KvLayout{};
   r.Str(&m->model_id);
   r.Str(&m->model_revision);
   r.Str(&m->tenant);

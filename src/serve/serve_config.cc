@@ -123,9 +123,13 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   }
   if (n["metrics_addr"]) {
     KVTIER_ASSIGN_OR_RETURN(o.metrics_addr, Str(src, n["metrics_addr"], "serve.metrics_addr"));
+    if (Status st = CheckMetricsAddr(o.metrics_addr); !st.ok())
+      return Error(src, n["metrics_addr"], "serve.metrics_addr", st.message());
   }
   if (n["events_addr"]) {
     KVTIER_ASSIGN_OR_RETURN(o.events_addr, Str(src, n["events_addr"], "serve.events_addr"));
+    if (Status st = CheckEventsAddr(o.events_addr); !st.ok())
+      return Error(src, n["events_addr"], "serve.events_addr", st.message());
   }
   if (n["verify_commit"]) {
     KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["verify_commit"], "serve.verify_commit"));
@@ -170,10 +174,53 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   return o;
 }
 
+// Whether port is a decimal port number (0..65535).
+bool IsPort(std::string_view port) {
+  if (port.empty() || port.size() > 5) return false;
+  uint32_t v = 0;
+  for (char ch : port) {
+    if (ch < '0' || ch > '9') return false;
+    v = v * 10 + static_cast<uint32_t>(ch - '0');
+  }
+  return v <= 65535;
+}
+
 }  // namespace
+
+Status CheckMetricsAddr(std::string_view addr) {
+  const size_t colon = addr.rfind(':');
+  const std::string_view port = colon == std::string_view::npos ? addr : addr.substr(colon + 1);
+  if (!IsPort(port))
+    return Status::InvalidArgument("'" + std::string(addr) +
+                                   "': want PORT, :PORT or HOST:PORT with PORT in 0..65535");
+  return Status::Ok();
+}
+
+Status CheckEventsAddr(std::string_view addr) {
+  const std::string why = "'" + std::string(addr) +
+                          "': want tcp://HOST:PORT (PORT in 0..65535 or *), ipc://PATH or "
+                          "inproc://NAME";
+  for (std::string_view scheme : {"ipc://", "inproc://"}) {
+    if (addr.starts_with(scheme))
+      return addr.size() > scheme.size() ? Status::Ok() : Status::InvalidArgument(why);
+  }
+  if (!addr.starts_with("tcp://")) return Status::InvalidArgument(why);
+  const std::string_view rest = addr.substr(6);
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return Status::InvalidArgument(why);
+  const std::string_view port = rest.substr(colon + 1);
+  if (port != "*" && !IsPort(port)) return Status::InvalidArgument(why);
+  return Status::Ok();
+}
 
 Status ServeOptions::Validate() const {
   if (lease_ms < 10) return Status::InvalidArgument("lease_ms: must be >= 10");
+  if (!metrics_addr.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckMetricsAddr(metrics_addr).WithContext("metrics_addr"));
+  }
+  if (!events_addr.empty()) {
+    KVTIER_RETURN_IF_ERROR(CheckEventsAddr(events_addr).WithContext("events_addr"));
+  }
   double reserved = 0;
   for (size_t i = 0; i < tenants.size(); ++i) {
     for (size_t j = 0; j < i; ++j)
@@ -228,6 +275,12 @@ Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view
     return Status::InvalidArgument(std::string(source) +
                                    ": tiers[0].kind: the daemon's first tier must be a host "
                                    "tier (its arena is what clients map)");
+  // Without a queue every commit writes the lower tiers itself: a slow SSD or Redis then holds
+  // clients past their deadline.
+  if (c.cache.write_queue_blocks == 0 && c.cache.tiers.size() > 1)
+    return Status::InvalidArgument(std::string(source) +
+                                   ": write_queue_blocks: 0 makes every commit wait on the lower "
+                                   "tiers; the daemon needs a write queue (> 0)");
   return c;
 }
 

@@ -49,8 +49,16 @@ struct ServeOptions {
   uint32_t max_tenants_per_uid = 8;  // of those, unlisted tenants one uid may open
   // Every tenant not in `tenants`: the same bounds.
   double default_max_share = 1.0;
+  // OK, or InvalidArgument naming the key ("metrics_addr: ...").
   Status Validate() const;
 };
+
+// OK for "PORT", ":PORT" or "HOST:PORT" with PORT in 0..65535 (0: any free port); else
+// InvalidArgument saying why (a bad port was bound as another one: 99999 became 34463).
+Status CheckMetricsAddr(std::string_view addr);
+// OK for a ZeroMQ endpoint the daemon can bind: "tcp://HOST:PORT" (PORT in 0..65535 or *),
+// "ipc://PATH" or "inproc://NAME"; else InvalidArgument saying why.
+Status CheckEventsAddr(std::string_view addr);
 
 struct ServeConfig {
   CacheOptions cache;

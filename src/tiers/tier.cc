@@ -136,12 +136,15 @@ TierStats Tier::stats() const {
   s.get_bytes = get_bytes_.load(std::memory_order_relaxed);
   s.erases = erases_.load(std::memory_order_relaxed);
   s.used_bytes = used_bytes();
+  s.resident_blocks = ResidentBlocksImpl(s.used_bytes);
   s.capacity_bytes = capacity_bytes_;
   s.put_latency_ns = put_latency_.Take();
   s.get_latency_ns = get_latency_.Take();
   CountersImpl(&s.counters);
   return s;
 }
+
+uint64_t Tier::ResidentBlocksImpl(uint64_t used_bytes) const { return used_bytes / block_bytes_; }
 
 void Tier::CountersImpl(std::vector<TierStats::Counter>*) const {}
 

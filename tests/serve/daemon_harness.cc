@@ -25,7 +25,7 @@ Daemon::~Daemon() {
   }
 }
 
-Status Daemon::Start() {
+Status Daemon::Start(const std::vector<std::string>& extra) {
   log_ = dir_ + "/daemon-" + std::to_string(++runs_) + ".log";
   const pid_t pid = fork();
   if (pid < 0) return Status::Internal("fork failed");
@@ -33,8 +33,11 @@ Status Daemon::Start() {
     const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, STDERR_FILENO);
     dup2(fd, STDOUT_FILENO);
-    execl(KVTIER_CLI_PATH, KVTIER_CLI_PATH, "serve", "--config", config_.c_str(), "--socket",
-          socket_.c_str(), static_cast<char*>(nullptr));
+    std::vector<const char*> argv = {KVTIER_CLI_PATH, "serve",    "--config",
+                                     config_.c_str(), "--socket", socket_.c_str()};
+    for (const std::string& a : extra) argv.push_back(a.c_str());
+    argv.push_back(nullptr);
+    execv(KVTIER_CLI_PATH, const_cast<char* const*>(argv.data()));
     _exit(127);
   }
   pid_ = pid;

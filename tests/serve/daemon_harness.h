@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "kvtier/status.h"
 
@@ -17,8 +18,9 @@ class Daemon {
   Daemon(std::string dir, std::string yaml);
   ~Daemon();  // SIGKILL when still running
 
-  // Starts the process and waits (with a deadline) until its socket answers.
-  Status Start();
+  // Starts the process (with `extra` after its --config and --socket) and waits (with a
+  // deadline) until its socket answers.
+  Status Start(const std::vector<std::string>& extra = {});
   // Sends sig; for SIGTERM/SIGKILL also reaps it. Returns the exit status (-1 if not reaped).
   int Signal(int sig);
   bool running() const { return pid_ > 0; }

@@ -345,6 +345,72 @@ TEST(DiskStoreLimitsTest, FullFilesystemEvictsForRoomAndOpensReadOnly) {
   EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
 }
 
+// Issue 27 item 4: on a 20 MiB filesystem a tier of 64 MiB in (default) 16 MiB segments kept
+// two segments as its floor, met ENOSPC starting its second one and then failed every write
+// for good: the only segment to evict was the one just sealed, which was never given up. Now
+// the segments shrink so that the floor (and the next segment) fits, and the tier stores three
+// filesystems' worth, showing itself degraded.
+TEST(DiskStoreLimitsTest, FilesystemSmallerThanTwoSegmentsShrinksTheSegmentsAndGoesOn) {
+  kvtier::testing::TempDir dir;
+  static std::string path;
+  path = dir.path();
+  const int rc = InChild([] {
+    constexpr uint64_t kFs = 20 << 20;
+    if (!MountSmallFilesystem(path, kFs)) return 77;
+    DiskOptions o = Options(path + "/tier", IoBackend::kSync);
+    o.capacity_bytes = 64 << 20;
+    o.segment_bytes = 0;  // the default: a quarter of the capacity, 16 MiB
+    auto s = DiskStore::Open(o);
+    if (!s.ok()) return 10;
+    const DiskStats st = (*s)->stats();
+    if (st.capacity_bytes + st.segment_bytes > kFs || st.capacity_bytes < 2 * st.segment_bytes)
+      return 11;
+    if (!st.degraded || st.write_failing) return 12;
+    uint64_t next = 0;
+    for (; next < 3 * kFs / o.record_bytes(); next += 32) {
+      for (const Status& r : PutStatuses(**s, next, 32)) {
+        if (!r.ok()) return 13;
+      }
+    }
+    if (!GetOne(**s, next - 1).ok()) return 14;
+    if ((*s)->stats().write_failing || (*s)->stats().evicted_segments == 0) return 15;
+    return 0;
+  });
+  if (rc == 77) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or user namespaces)";
+  EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
+}
+
+// Another file takes all the room while the tier holds one segment: the roll met ENOSPC and
+// had nothing to evict but the segment it had just sealed, which it kept, so every write failed
+// from then on. Now that segment goes too (a tier that stores nothing new is worse than one
+// that drops its oldest blocks), and the tier goes on with the room it frees.
+TEST(DiskStoreLimitsTest, FilesystemFilledByAnotherFileEvictsTheLastSegmentAndGoesOn) {
+  kvtier::testing::TempDir dir;
+  static std::string path;
+  path = dir.path();
+  const int rc = InChild([] {
+    if (!MountSmallFilesystem(path, 8 << 20)) return 77;
+    DiskOptions o = Options(path + "/tier", IoBackend::kSync);  // 1 MiB segments
+    const uint64_t per_segment = (o.segment_bytes - kPageBytes) / o.record_bytes();
+    auto s = DiskStore::Open(o);
+    if (!s.ok()) return 10;
+    PutMany(**s, 0, 2);
+    FillFilesystem(path);  // the active segment is all the tier holds
+    uint64_t next = 2;
+    for (int i = 0; i < 6; ++i, next += per_segment / 2) {  // three segments' worth
+      for (const Status& r : PutStatuses(**s, next, per_segment / 2)) {
+        if (!r.ok()) return 11;
+      }
+    }
+    if (!GetOne(**s, next - 1).ok()) return 12;
+    const DiskStats st = (*s)->stats();
+    if (st.space_evictions == 0 || !st.degraded || st.write_failing) return 13;
+    return 0;
+  });
+  if (rc == 77) GTEST_SKIP() << "cannot mount a small tmpfs here (needs root or user namespaces)";
+  EXPECT_EQ(rc, 0) << (rc < 0 ? "killed by signal " + std::to_string(-rc) : "check failed");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DiskStoreTest,
                          ::testing::Values(IoBackend::kUring, IoBackend::kSync), BackendName);
 

@@ -129,6 +129,32 @@ TEST(DiskTierTest, PutGetThroughTheTierInterfaceAndListenerSeesEvictions) {
   EXPECT_EQ(st.hits, hits);
 }
 
+// Issue 27 item 6: resident blocks were used bytes / block bytes, and a disk tier's used bytes
+// count its segment headers, record headers and dead records: an empty tier showed blocks, and
+// three blocks showed as four. Now the index's blocks are counted.
+TEST(DiskTierTest, ResidentBlocksCountTheIndexNotTheBytes) {
+  ::kvtier::testing::TempDir dir;
+  const KvLayout layout = testing::Layout16KiB();
+  const uint64_t bb = layout.bytes_per_block();
+  auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), layout);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Tier& t = **made;
+  EXPECT_EQ(t.stats().resident_blocks, 0u);
+  std::vector<std::vector<std::byte>> data;
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> blocks;
+  for (uint64_t i = 0; i < 3; ++i) {
+    data.push_back(Bytes(i, bb));
+    keys.push_back(Key(i));
+  }
+  for (auto& d : data) blocks.emplace_back(d);
+  std::vector<Status> res(3);
+  ASSERT_TRUE(t.Put(keys, blocks, res).ok());
+  EXPECT_EQ(t.stats().resident_blocks, 3u);
+  ASSERT_TRUE(t.Erase(std::span<const BlockKey>(keys).first(1)).ok());
+  EXPECT_EQ(t.stats().resident_blocks, 2u);
+}
+
 TEST(DiskTierTest, BlocksSurviveReopenAndAreDurableUnderBatchSync) {
   ::kvtier::testing::TempDir dir;
   const KvLayout layout = testing::Layout16KiB();

@@ -314,6 +314,42 @@ TEST_F(RemoteTierTest, WrongTypeValueIsDroppedLikeCorruption) {
   EXPECT_EQ(exists->text, "0");
 }
 
+// Issue 27 item 6: a server at maxmemory refused writes and the tier only counted them, so
+// nothing in the log said why the remote tier stored nothing. Now it says so, at most every 10 s.
+TEST_F(RemoteTierTest, WritesRefusedAtMaxmemoryAreLoggedAtMostOnceAPeriod) {
+  RedisServer::Options so;
+  so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
+  Result<std::unique_ptr<RedisServer>> small = RedisServer::Start(so);
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  auto tier = testing::OpenRemoteTier(Options((*small)->url()));
+  ASSERT_NE(tier, nullptr);
+  LogCapture log;
+  std::vector<Status> put;
+  PutKeys(*tier, 400, 8, &put);  // 6.4 MiB into a 3 MiB server
+  ASSERT_GT(tier->remote_stats().oom_rejections, 1u);
+  const std::string text = log.text();
+  size_t lines = 0;
+  for (size_t at = text.find("refused for room"); at != std::string::npos;
+       at = text.find("refused for room", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 1u) << text;
+  EXPECT_NE(text.find("maxmemory"), std::string::npos) << text;
+}
+
+// Issue 27 item 6: resident blocks were used_memory / block_bytes, and used_memory counts the
+// server's own memory: an empty Redis showed 57 blocks. Now the keys are counted.
+TEST_F(RemoteTierTest, ResidentBlocksAreCountedNotDerivedFromTheServersMemory) {
+  Result<std::unique_ptr<RedisServer>> own = RedisServer::Start({});
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  auto tier = testing::OpenRemoteTier(Options((*own)->url()));
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->stats().resident_blocks, 0u);
+  std::vector<Status> put;
+  PutKeys(*tier, 10, 9, &put);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // usage is re-read every 1 s
+  EXPECT_EQ(tier->stats().resident_blocks, 10u);
+}
+
 TEST_F(RemoteTierTest, ServerAtMaxmemoryRefusesWritesAndServesNothingWrong) {
   RedisServer::Options so;
   so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};

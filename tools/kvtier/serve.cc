@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "command.h"
+#include "common/log_format.h"
 #include "kvtier/client.h"
+#include "serve/sd_notify.h"
 #include "serve/serve_options.h"
 #include "serve/server.h"
 #include "serve_export.h"
@@ -36,14 +38,57 @@ Result<serve::ServeConfig> ReadConfig(const std::string& path) {
   return serve::LoadServeConfigFile(path);
 }
 
-int RunServe(const std::string& config, const std::string& socket, const std::string& metrics) {
+// GET /metrics on addr (checked by ServeOptions::Validate): the cache's text and the daemon's.
+Result<std::unique_ptr<MetricsServer>> StartMetrics(std::string addr, serve::Server* srv) {
+  if (addr.find(':') == std::string::npos) addr = "127.0.0.1:" + addr;  // a port alone
+  if (addr[0] == ':') addr = "127.0.0.1" + addr;
+  KVTIER_ASSIGN_OR_RETURN(
+      auto http, MetricsServer::Start(addr, [srv] {
+        const serve::ServeCounters c = srv->counters();
+        std::string t = srv->cache().PrometheusText();
+        t += "# TYPE kvtier_serve_clients gauge\nkvtier_serve_clients " + std::to_string(c.clients);
+        t += "\n# TYPE kvtier_serve_leases gauge\nkvtier_serve_leases " + std::to_string(c.leases);
+        t += "\n# TYPE kvtier_serve_reservations gauge\n"
+             "kvtier_serve_reservations " +
+             std::to_string(c.reservations);
+        t += "\n# TYPE kvtier_serve_refused_total counter\n"
+             "kvtier_serve_refused_total " +
+             std::to_string(c.refused);
+        t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
+             "kvtier_serve_protocol_errors_total " +
+             std::to_string(c.disconnects) + "\n";
+        t += srv->TenantPrometheusText();
+        return t;
+      }));
+  spdlog::info("kvtier serve: metrics on http://{}:{}/metrics", addr.substr(0, addr.rfind(':')),
+               http->port());
+  return http;
+}
+
+struct ServeFlags {
+  std::string config, socket, metrics, log_level;
+  bool log_json = false;
+};
+
+int RunServe(const ServeFlags& flags) {
+  const std::string& config = flags.config;
+  const std::string& socket = flags.socket;
+  // First, so that every line (a bad config's too) has the asked level and format.
+  if (Status st = ConfigureLogging(flags.log_level, flags.log_json); !st.ok()) {
+    spdlog::error("kvtier serve: --log-level: {}", st.message());
+    return 2;
+  }
   auto cfg = ReadConfig(config);
   if (!cfg.ok()) {
     spdlog::error("kvtier serve: {}", cfg.status().message());
     return 2;
   }
   if (!socket.empty()) cfg->serve.socket_path = socket;
-  if (!metrics.empty()) cfg->serve.metrics_addr = metrics;
+  if (!flags.metrics.empty()) cfg->serve.metrics_addr = flags.metrics;
+  if (Status st = cfg->serve.Validate(); !st.ok()) {
+    spdlog::error("kvtier serve: serve.{}", st.message());
+    return 2;
+  }
   // Signals reach this thread through a pipe: whichever thread the kernel picks (libraries
   // such as the CUDA runtime start threads of their own) only writes the signal number.
   if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
@@ -75,36 +120,21 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
   }
   std::unique_ptr<MetricsServer> http;
   if (!cfg->serve.metrics_addr.empty()) {
-    std::string addr = cfg->serve.metrics_addr;
-    if (addr.find(':') == std::string::npos) addr = "127.0.0.1:" + addr;  // a port alone
-    if (addr[0] == ':') addr = "127.0.0.1" + addr;
-    serve::Server* srv = server->get();
-    auto m = MetricsServer::Start(addr, [srv] {
-      const serve::ServeCounters c = srv->counters();
-      std::string t = srv->cache().PrometheusText();
-      t += "# TYPE kvtier_serve_clients gauge\nkvtier_serve_clients " + std::to_string(c.clients);
-      t += "\n# TYPE kvtier_serve_leases gauge\nkvtier_serve_leases " + std::to_string(c.leases);
-      t += "\n# TYPE kvtier_serve_reservations gauge\nkvtier_serve_reservations " +
-           std::to_string(c.reservations);
-      t += "\n# TYPE kvtier_serve_refused_total counter\nkvtier_serve_refused_total " +
-           std::to_string(c.refused);
-      t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
-           "kvtier_serve_protocol_errors_total " +
-           std::to_string(c.disconnects) + "\n";
-      t += srv->TenantPrometheusText();
-      return t;
-    });
+    auto m = StartMetrics(cfg->serve.metrics_addr, server->get());
     if (!m.ok()) {
       spdlog::error("kvtier serve: serve.metrics_addr: {}", m.status().message());
       return 1;
     }
     http = std::move(m).value();
-    spdlog::info("kvtier serve: metrics on http://{}:{}/metrics", addr.substr(0, addr.rfind(':')),
-                 http->port());
   }
   spdlog::info("kvtier serve: pid {} serving {} on {} (protocol {}, lease {} ms)", getpid(),
                cfg->cache.layout.ToString(), (*server)->socket_path(), serve::kProtocolVersion,
                cfg->serve.lease_ms);
+  // Type=notify: systemd starts the units that need the daemon only now, with the socket bound
+  // and the exporters up.
+  if (Status st = serve::NotifySystemd("READY=1\nSTATUS=serving on " + (*server)->socket_path());
+      !st.ok())
+    spdlog::warn("kvtier serve: {}", st.message());
   for (;;) {
     unsigned char byte = 0;
     if (read(g_signal_pipe[0], &byte, 1) != 1) continue;  // EINTR
@@ -127,6 +157,7 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
       continue;
     }
     spdlog::info("kvtier serve: {}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    (void)serve::NotifySystemd("STOPPING=1");
     http.reset();
     (*server)->Stop();
     server->reset();
@@ -148,13 +179,16 @@ Result<std::unique_ptr<Client>> Operator(const std::string& socket, uint32_t tim
 }
 
 RunFn SetupServe(CLI::App* app) {
-  auto config = std::make_shared<std::string>();
-  auto socket = std::make_shared<std::string>();
-  auto metrics = std::make_shared<std::string>();
-  app->add_option("--config", *config, "YAML config (cache keys + serve: section)");
-  app->add_option("--socket", *socket, "Unix socket path (default " + DefaultSocketPath() + ")");
-  app->add_option("--metrics-addr", *metrics, "HOST:PORT for GET /metrics (overrides the config)");
-  return [=] { return RunServe(*config, *socket, *metrics); };
+  auto f = std::make_shared<ServeFlags>();
+  app->add_option("--config", f->config, "YAML config (cache keys + serve: section)");
+  app->add_option("--socket", f->socket, "Unix socket path (default " + DefaultSocketPath() + ")");
+  app->add_option("--metrics-addr", f->metrics,
+                  "HOST:PORT for GET /metrics (overrides the config)");
+  app->add_option("--log-level", f->log_level,
+                  "trace, debug, info (default), warn, error, critical or off");
+  app->add_flag("--log-json", f->log_json,
+                "One JSON object per log line (time, level, logger, pid, thread, msg)");
+  return [f] { return RunServe(*f); };
 }
 
 int RunStatus(const std::string& socket, bool json, uint32_t timeout_ms) {

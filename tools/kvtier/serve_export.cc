@@ -32,6 +32,9 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& a
   } catch (...) {
     return Status::InvalidArgument("metrics address '" + addr + "': bad port");
   }
+  // httplib takes the port as an int and binds it modulo 65536 (99999 became 34463).
+  if (port < 0 || port > 65535)
+    return Status::InvalidArgument("metrics address '" + addr + "': port out of 0..65535");
   auto impl = std::make_unique<Impl>();
   impl->http.Get("/metrics", [text](const httplib::Request&, httplib::Response& res) {
     res.set_content(text(), "text/plain; version=0.0.4");

@@ -208,7 +208,7 @@ Status DiskStore::OpenDirectory(std::vector<BlockKey>* removed) {
                  ids.size(), recovered_issues);
   }
 
-  ClampCapacityToFilesystem();
+  ClampCapacityToFilesystem(/*at_open=*/true);
   // A fresh active segment; old ones are never appended to (their tails may be torn). When
   // none can be started (a full or read-only filesystem), what is here is still served: the
   // tier opens read-only, and every Put tries the roll again (evicting for room then).
@@ -353,25 +353,34 @@ uint64_t DiskStore::IndexScannedRecords(const std::shared_ptr<Segment>& seg,
   return issues;
 }
 
-void DiskStore::ClampCapacityToFilesystem() {
-  // A filesystem that cannot hold the capacity would fail rolls with ENOSPC: the capacity is
-  // what it can hold (what the segments use plus its free space), at least two segments (the
-  // roll then evicts for room, see RollSegment).
+void DiskStore::ClampCapacityToFilesystem(bool at_open) {
+  // The tier's room is what its segments use plus the free space. A roll makes the new segment
+  // whole before it evicts (RollSegment), so the capacity is that room less one segment: then
+  // no roll meets ENOSPC. The floor is two segments; when fewer than three fit at open, the
+  // segments shrink instead (a 20 MiB filesystem under 16 MiB segments froze the tier: the
+  // second segment never fit and nothing could be evicted for it).
   struct statvfs fs {};
   if (::fstatvfs(dir_fd_, &fs) != 0) return;
-  uint64_t sealed = 0;
+  uint64_t used = 0;
   {
     MutexLock l(&mu_);
-    sealed = sealed_bytes_;
+    used = sealed_bytes_ + (active_ ? active_->bytes.load(std::memory_order_relaxed) : 0);
   }
-  const uint64_t room = (sealed + uint64_t{fs.f_bavail} * fs.f_frsize) / kPageBytes * kPageBytes;
-  if (room < capacity_bytes_) {
-    capacity_bytes_ = std::max(room, 2 * segment_bytes_);
-    spdlog::warn(
-        "disk tier {}: the filesystem holds {} bytes for the tier, less than the {} "
-        "of its capacity: using {}",
-        options_.path, room, options_.capacity_bytes, capacity_bytes_);
+  const uint64_t room = (used + uint64_t{fs.f_bavail} * fs.f_frsize) / kPageBytes * kPageBytes;
+  const uint64_t seg_before = segment_bytes_;
+  if (at_open && room < 3 * segment_bytes_) {
+    segment_bytes_ = std::max(room / 3 / kPageBytes * kPageBytes, kPageBytes + record_bytes_);
   }
+  const uint64_t fits = room > segment_bytes_ ? room - segment_bytes_ : 0;
+  const uint64_t cap = std::clamp(fits, 2 * segment_bytes_, options_.capacity_bytes);
+  const uint64_t before = capacity_bytes_.exchange(cap);
+  if (cap == before && segment_bytes_ == seg_before) return;
+  if (!at_open && !space_log_.Allow()) return;
+  spdlog::warn(
+      "disk tier {}: the filesystem holds {} bytes for the tier (its segments and the free "
+      "space): capacity {} of the configured {}, in segments of {} bytes{}",
+      options_.path, room, cap, options_.capacity_bytes, segment_bytes_,
+      at_open ? "" : " (capacity changes are said at most every 10 s)");
 }
 
 }  // namespace kvtier::disk

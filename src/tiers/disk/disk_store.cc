@@ -177,6 +177,11 @@ uint64_t DiskStore::used_bytes() const {
   return sealed_bytes_ + (active_ ? active_->bytes.load(std::memory_order_relaxed) : 0);
 }
 
+uint64_t DiskStore::live_blocks() const {
+  MutexLock l(&mu_);
+  return index_.size();
+}
+
 DiskStats DiskStore::stats() const {
   DiskStats s;
   s.io_backend = io_name_;
@@ -190,7 +195,9 @@ DiskStats DiskStore::stats() const {
                "an io_uring ring failed: new I/O contexts use pread/pwrite";
   }
   s.queue_depth = options_.queue_depth;
-  s.capacity_bytes = capacity_bytes_;
+  s.capacity_bytes = capacity_bytes_.load();
+  s.write_failing = write_failing_.load(std::memory_order_relaxed);
+  s.degraded = s.capacity_bytes < options_.capacity_bytes || s.write_failing;
   s.space_evictions = space_evictions_.load(std::memory_order_relaxed);
   s.segment_bytes = segment_bytes_;
   {

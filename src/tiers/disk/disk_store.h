@@ -79,8 +79,12 @@ struct DiskStats {
   std::string notes;  // why something fell back, "" when nothing did
   uint32_t queue_depth = 0;
   uint64_t capacity_bytes = 0;  // options' capacity, or less when the filesystem holds less
-  uint64_t segment_bytes = 0;
-  uint64_t used_bytes = 0;  // sealed segment bytes + the active segment's bytes
+  uint64_t segment_bytes = 0;   // options' size, or less when the filesystem holds less
+  // The tier is in trouble: the filesystem holds less than the configured capacity (it runs
+  // shrunk), or its last segment could not be started (writes fail until one can).
+  bool degraded = false;
+  bool write_failing = false;  // the last segment roll failed
+  uint64_t used_bytes = 0;     // sealed segment bytes + the active segment's bytes
   uint64_t segments = 0;
   uint64_t live_blocks = 0;
   uint64_t live_bytes = 0;   // record bytes the index points at
@@ -104,8 +108,9 @@ class DiskStore {
   // a segment of a future format version or a foreign layout (naming the file); Unavailable when
   // another process holds the directory; ResourceExhausted when ulimit -f or -n is too low;
   // Internal for other system failures. The capacity is clamped to what the filesystem can
-  // hold; when no segment can be started (a full disk) it opens read-only: reads are served
-  // and every Put tries again.
+  // hold, keeping its floor of two segments (segments shrink when the filesystem holds fewer
+  // than two); when no segment can be started (a full disk) it opens read-only: reads are
+  // served and every Put tries again.
   static Result<std::unique_ptr<DiskStore>> Open(const DiskOptions& options,
                                                  RemovalFn on_removed = nullptr);
   // Syncs (unless the policy is kNone) and closes.
@@ -144,6 +149,7 @@ class DiskStore {
   bool IsDurable(const BlockKey& key) const;
 
   uint64_t used_bytes() const;
+  uint64_t live_blocks() const;  // blocks resident (the index's size)
   DiskStats stats() const;
   const DiskOptions& options() const { return options_; }
 
@@ -184,8 +190,10 @@ class DiskStore {
   // Adds seg to the table and its records to the index; returns the records skipped.
   uint64_t IndexScannedRecords(const std::shared_ptr<Segment>& seg, const SegmentScan& scan,
                                uint64_t* max_seq);
-  // Lowers capacity_bytes_ to what the filesystem holds (at least two segments).
-  void ClampCapacityToFilesystem();
+  // Lowers capacity_bytes_ to what the filesystem holds (at least two segments), and at open
+  // also segment_bytes_ when the filesystem holds fewer than two. Logs a change (at most
+  // every 10 s when not at_open).
+  void ClampCapacityToFilesystem(bool at_open) KVTIER_REQUIRES(write_mu_);
 
   Result<std::unique_ptr<IoContext>> MakeContext();
   std::unique_ptr<IoContext> AcquireReader();
@@ -197,14 +205,17 @@ class DiskStore {
   // Writer side; callers hold write_mu_ with no I/O outstanding.
   // Seals the active segment and starts the next one, evicting the oldest to stay under the
   // capacity. On failure nothing is evicted and the (sealed) active segment stays active.
-  // With evict_for_space, ENOSPC or EDQUOT evicts the oldest sealed segment and tries again.
+  // With evict_for_space, ENOSPC or EDQUOT lowers the capacity to what the filesystem holds and
+  // evicts the oldest sealed segment (the one just sealed last of all) and tries again.
   Status RollSegment(std::vector<BlockKey>* removed, bool evict_for_space = true)
       KVTIER_REQUIRES(write_mu_);
   // Creates, heads and preallocates the next segment file; on failure unlinks it and sets
   // *err to the errno (0 for a short write).
   Result<std::shared_ptr<Segment>> StartSegment(int* err) KVTIER_REQUIRES(write_mu_);
-  // Evicts the oldest sealed segment (never `keep`), its hot blocks too; false if none.
-  bool EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* removed)
+  // Evicts the oldest sealed segment, its hot blocks too; false if none. `just_sealed` (the
+  // segment the roll sealed, whose bytes sealed_bytes_ does not count yet) goes only when it
+  // is the last one, and then *just_sealed is set to nullptr.
+  bool EvictOldestForSpace(std::shared_ptr<Segment>* just_sealed, std::vector<BlockKey>* removed)
       KVTIER_REQUIRES(write_mu_);
   // Whether the next roll would evict a segment with id >= first_id.
   bool RollEvicts(uint64_t first_id) const KVTIER_REQUIRES(mu_);
@@ -245,15 +256,22 @@ class DiskStore {
   void SyncLoop();
 
   const DiskOptions options_;
-  const uint64_t segment_bytes_;
+  // options_.effective_segment_bytes(), or less when the filesystem holds fewer than two
+  // segments; set at open, constant after.
+  uint64_t segment_bytes_;
   const uint64_t record_bytes_;
   RemovalFn on_removed_;
   int dir_fd_ = -1;  // flock(LOCK_EX) held on it while open
   bool direct_ = true;
   std::string notes_;
-  // options_.capacity_bytes, or less when the filesystem holds less; set at open, constant after.
-  uint64_t capacity_bytes_;
+  // options_.capacity_bytes, or less when the filesystem holds less: set at open, lowered (or
+  // raised back, never above the option) by a roll that meets a full filesystem. Written under
+  // write_mu_, read anywhere.
+  std::atomic<uint64_t> capacity_bytes_;
+  std::atomic<bool> write_failing_{false};  // the last roll failed
   LogLimiter log_limit_;
+  LogLimiter space_log_;  // capacity changes
+  LogLimiter evict_log_;  // evictions for room
 
   Mutex write_mu_;  // one writer at a time; held across its I/O. Taken before mu_.
   std::unique_ptr<IoContext> writer_ KVTIER_GUARDED_BY(write_mu_);

@@ -49,6 +49,8 @@ Status DiskTier::EraseImpl(std::span<const BlockKey> keys) { return store_->Eras
 
 uint64_t DiskTier::UsedBytesImpl() const { return store_->used_bytes(); }
 
+uint64_t DiskTier::ResidentBlocksImpl(uint64_t) const { return store_->live_blocks(); }
+
 TierCapabilities DiskTier::CapabilitiesImpl() const {
   TierCapabilities c;
   c.managed_by_cache = false;  // whole-segment eviction, reported through NotifyRemoved
@@ -62,6 +64,19 @@ TierCapabilities DiskTier::CapabilitiesImpl() const {
   // A slice is read alone; its block's checksum comes from the record header (GetSlice).
   c.reads_slices = true;
   return c;
+}
+
+void DiskTier::CountersImpl(std::vector<TierStats::Counter>* out) const {
+  const DiskStats s = store_->stats();
+  out->push_back({"degraded",
+                  "1 while the tier is in trouble (disk: the filesystem holds less than the "
+                  "configured capacity, or no segment can be started)",
+                  s.degraded ? 1u : 0u, /*gauge=*/true});
+  out->push_back({"disk_capacity_bytes",
+                  "What the disk tier holds now (the filesystem may hold less)", s.capacity_bytes,
+                  /*gauge=*/true});
+  out->push_back({"disk_space_evictions", "Segments evicted early because the filesystem was full",
+                  s.space_evictions});
 }
 
 Result<std::unique_ptr<Tier>> MakeDiskTier(const TierSpec& spec, const KvLayout& layout) {

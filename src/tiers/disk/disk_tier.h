@@ -48,7 +48,13 @@ class DiskTier final : public Tier {
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
+  // The records the index points at (used bytes also count headers and dead records).
+  uint64_t ResidentBlocksImpl(uint64_t used_bytes) const override;
   TierCapabilities CapabilitiesImpl() const override;
+  // Gauges "degraded" (1 while the filesystem holds less than the configured capacity or
+  // writes fail for want of a segment) and "disk_capacity_bytes" (what the tier holds now),
+  // and the counter "disk_space_evictions".
+  void CountersImpl(std::vector<TierStats::Counter>* out) const override;
 
  private:
   DiskTier(std::string name, const KvLayout& layout, uint64_t capacity_bytes);

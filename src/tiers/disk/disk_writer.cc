@@ -43,6 +43,7 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_spa
     // With a sync policy, the durable watermark stays contiguous across segments.
     if (options_.sync != SyncPolicy::kNone && !old->synced) {
       if (::fdatasync(old->fd) != 0) {
+        write_failing_.store(true, std::memory_order_relaxed);
         return Status::Unavailable(fmt::format("{}: fdatasync: {}", old->path, Errno(errno)));
       }
       old->synced = true;
@@ -53,8 +54,11 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_spa
 
   // The new file is made whole before anything is evicted: a roll that fails (EMFILE, ENOSPC,
   // a read-only directory) then loses nothing, and the sealed old segment stays active (full,
-  // so the next write tries the roll again). A filesystem fuller than the capacity says (other
-  // files grew) gives up the oldest segment for the room, as the capacity would have.
+  // so the next write tries the roll again). The capacity follows what the filesystem holds
+  // (other files grow and shrink), and a filesystem fuller than that still (a race) gives up the
+  // oldest segments for the room, the one just sealed last: a tier that stores nothing new
+  // forever is worse than one that drops old blocks.
+  if (evict_for_space) ClampCapacityToFilesystem(/*at_open=*/false);
   std::shared_ptr<Segment> seg;
   for (;;) {
     int err = 0;
@@ -64,10 +68,12 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_spa
       break;
     }
     if (!evict_for_space || (err != ENOSPC && err != EDQUOT) ||
-        !EvictOldestForSpace(old.get(), removed)) {
+        !EvictOldestForSpace(&old, removed)) {
+      write_failing_.store(true, std::memory_order_relaxed);
       return made.status();
     }
   }
+  write_failing_.store(false, std::memory_order_relaxed);
 
   // Evict oldest segments until the new one fits under the capacity.
   std::vector<std::pair<BlockKey, Location>> hot;
@@ -77,7 +83,8 @@ Status DiskStore::RollSegment(std::vector<BlockKey>* removed, bool evict_for_spa
     {
       MutexLock l(&mu_);
       const uint64_t old_bytes = old ? old->bytes.load(std::memory_order_relaxed) : 0;
-      if (sealed_bytes_ + old_bytes + segment_bytes_ <= capacity_bytes_ || segments_.empty()) {
+      if (sealed_bytes_ + old_bytes + segment_bytes_ <= capacity_bytes_.load() ||
+          segments_.empty()) {
         break;
       }
       victim = segments_.begin()->first;
@@ -151,16 +158,20 @@ Result<std::shared_ptr<DiskStore::Segment>> DiskStore::StartSegment(int* err) {
   return seg;
 }
 
-bool DiskStore::EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* removed) {
+bool DiskStore::EvictOldestForSpace(std::shared_ptr<Segment>* just_sealed,
+                                    std::vector<BlockKey>* removed) {
   uint64_t victim = 0;
   std::string path;
+  bool last = false;  // the segment just sealed: the newest, so the oldest only when alone
   {
     MutexLock l(&mu_);
     if (segments_.empty()) return false;
     auto it = segments_.begin();
-    if (keep != nullptr && it->first == keep->id) return false;  // the one just sealed
     victim = it->first;
     path = it->second->path;
+    last = *just_sealed != nullptr && victim == (*just_sealed)->id;
+    // Not in sealed_bytes_ yet; EvictSegment takes its bytes out of it.
+    if (last) sealed_bytes_ += (*just_sealed)->bytes.load(std::memory_order_relaxed);
   }
   std::vector<std::pair<BlockKey, Location>> hot;  // no room to copy them forward: dropped
   EvictSegment(victim, removed, &hot);
@@ -175,13 +186,20 @@ bool DiskStore::EvictOldestForSpace(const Segment* keep, std::vector<BlockKey>* 
       }
     }
     retiring_.erase(victim);
+    if (last && active_ == *just_sealed) active_ = nullptr;  // the roll must not seal it again
   }
+  if (last) just_sealed->reset();
+  // Emptied before the unlink: an unlinked file keeps its blocks while a descriptor is open (the
+  // Put that rolls holds the segment just sealed), and the room is needed now. A read still in
+  // flight on it ends short: Unavailable, recomputed.
+  (void)::truncate(path.c_str(), 0);
   ::unlink(path.c_str());
   space_evictions_.fetch_add(1, std::memory_order_relaxed);
-  if (log_limit_.Allow()) {
+  if (evict_log_.Allow()) {
     spdlog::warn(
-        "disk tier {}: the filesystem is full below the capacity: evicted {} early for room",
-        options_.path, path);
+        "disk tier {}: the filesystem is full below the capacity: evicted {}{} early for room "
+        "(said at most every {} s)",
+        options_.path, path, last ? ", the last segment," : "", LogLimiter::kIntervalS);
   }
   return true;
 }
@@ -191,7 +209,7 @@ bool DiskStore::RollEvicts(uint64_t first_id) const {
   for (auto it = segments_.lower_bound(first_id); it != segments_.end(); ++it) {
     newer += it->second->bytes.load(std::memory_order_relaxed);
   }
-  return newer + segment_bytes_ > capacity_bytes_;
+  return newer + segment_bytes_ > capacity_bytes_.load();
 }
 
 void DiskStore::EvictSegment(uint64_t id, std::vector<BlockKey>* removed,
@@ -365,7 +383,7 @@ bool DiskStore::RollForBatch(PutBatch* b) {
         fmt::format("batch of {} blocks ({} bytes on disk) is more than the tier holds at once ({} "
                     "bytes of capacity in {}-byte segments): blocks {} to {} not stored, the head "
                     "before them kept",
-                    n, n * record_bytes_, capacity_bytes_, segment_bytes_, b->next, n - 1));
+                    n, n * record_bytes_, capacity_bytes_.load(), segment_bytes_, b->next, n - 1));
     return false;
   }
   b->stop = RollSegment(&b->removed);

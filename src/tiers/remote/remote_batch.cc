@@ -44,7 +44,16 @@ void AppendBulk(std::string* out, std::string_view arg) {
 
 Status RemoteTier::MapError(const std::string& error) const {
   if (StartsWith(error, "OOM")) {
-    counters_.oom_rejections.fetch_add(1, std::memory_order_relaxed);
+    // Counted and said: a server at maxmemory with noeviction refuses every write from then on,
+    // and a counter alone went unnoticed.
+    const uint64_t total = counters_.oom_rejections.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (oom_log_.Allow()) {
+      spdlog::warn(
+          "remote tier '{}': a write was refused for room: {} ({} refused so far: the server is "
+          "at its maxmemory; raise it or use an evicting maxmemory-policy; logged at most every "
+          "{} s)",
+          name(), error, total, LogLimiter::kIntervalS);
+    }
     return Status::ResourceExhausted("remote: " + error);
   }
   if (StartsWith(error, "ERR") || StartsWith(error, "WRONGTYPE")) {

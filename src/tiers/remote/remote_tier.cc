@@ -99,8 +99,10 @@ uint64_t RemoteTier::UsedBytesImpl() const {
       if (serving[i]) nodes.push_back(nodes_[i].get());
     }
   }
-  // used_memory of every master: Redis's own count, which includes other replicas' blocks.
-  uint64_t total = 0;
+  // used_memory of every master: Redis's own count, which includes other replicas' blocks and
+  // the server's own memory (megabytes when empty: not a count of blocks). The blocks are
+  // counted apart, as the keys of each master's database (DBSIZE).
+  uint64_t total = 0, keys = 0;
   int64_t deadline = now + std::min<int64_t>(int64_t{options_.timeout_ms} * kMs, 200 * kMs);
   for (Node* node : nodes) {
     Result<ReplyPtr> reply = CommandOn(node, {"INFO", "memory"}, deadline);
@@ -116,9 +118,18 @@ uint64_t RemoteTier::UsedBytesImpl() const {
         total += v;
       }
     }
+    Result<ReplyPtr> size = CommandOn(node, {"DBSIZE"}, deadline);
+    if (size.ok() && (*size)->type == REDIS_REPLY_INTEGER && (*size)->integer > 0) {
+      keys += static_cast<uint64_t>((*size)->integer);
+    }
   }
   used_bytes_.store(total, std::memory_order_relaxed);
+  resident_blocks_.store(keys, std::memory_order_relaxed);
   return total;
+}
+
+uint64_t RemoteTier::ResidentBlocksImpl(uint64_t) const {
+  return resident_blocks_.load(std::memory_order_relaxed);
 }
 
 TierCapabilities RemoteTier::CapabilitiesImpl() const {

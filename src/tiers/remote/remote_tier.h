@@ -115,6 +115,9 @@ class RemoteTier final : public Tier {
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
+  // The keys of every master's database (refreshed with used bytes, at most once a second):
+  // the tier's blocks when it has the database to itself.
+  uint64_t ResidentBlocksImpl(uint64_t used_bytes) const override;
   TierCapabilities CapabilitiesImpl() const override;
   void CountersImpl(std::vector<TierStats::Counter>* out) const override;
 
@@ -188,10 +191,12 @@ class RemoteTier final : public Tier {
 
   mutable Mutex usage_mu_;  // one INFO round at a time; the others use the last answer
   mutable std::atomic<uint64_t> used_bytes_{0};
+  mutable std::atomic<uint64_t> resident_blocks_{0};  // DBSIZE of every master, with used_bytes_
   mutable std::atomic<int64_t> usage_at_ns_{0};
 
   mutable Counters counters_;
-  mutable LogLimiter timeout_log_, corruption_log_;  // deadline hits, corrupt values
+  // Deadline hits, corrupt values, writes refused at maxmemory.
+  mutable LogLimiter timeout_log_, corruption_log_, oom_log_;
 };
 
 }  // namespace kvtier::remote

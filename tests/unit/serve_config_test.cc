@@ -1,0 +1,76 @@
+// The daemon's config (src/serve/serve_config.cc): the serve: section's checks.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "serve/serve_options.h"
+
+namespace kvtier::serve {
+namespace {
+
+// A small valid config with `serve` as its serve: section's body and `extra_tiers` appended.
+std::string Yaml(const std::string& serve, const std::string& extra_tiers = "") {
+  return "model_id: test\n"
+         "layout: {num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp32, block_tokens: 16}\n"
+         "tiers:\n"
+         "  - {kind: host, capacity: 1MiB, params: {prefault: false}}\n" +
+         extra_tiers + "serve:\n" + serve;
+}
+
+Status Parse(const std::string& serve, const std::string& extra_tiers = "") {
+  return ParseServeConfigYaml(Yaml(serve, extra_tiers), "t.yaml").status();
+}
+
+// Issue 27 item 6: metrics_addr 127.0.0.1:99999 was accepted and bound as port 34463 (httplib
+// takes the port modulo 65536), and a bad events_addr was taken silently. Both are refused at
+// validation, naming the key and its line.
+TEST(ServeConfigTest, BadMetricsAndEventsAddressesAreRefusedNamingTheKey) {
+  for (const char* bad : {"127.0.0.1:99999", "99999", ":-1", "127.0.0.1:http", "127.0.0.1:"}) {
+    Status st = Parse(std::string("  metrics_addr: \"") + bad + "\"\n");
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("t.yaml:6: serve.metrics_addr: '" + std::string(bad) + "'"),
+              std::string::npos)
+        << st.message();
+  }
+  for (const char* bad : {"tcp://127.0.0.1:99999", "udp://127.0.0.1:5557", "127.0.0.1:5557",
+                          "tcp://127.0.0.1", "tcp://:5557", "ipc://"}) {
+    Status st = Parse(std::string("  events_addr: \"") + bad + "\"\n");
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("serve.events_addr: '" + std::string(bad) + "'"), std::string::npos)
+        << st.message();
+  }
+}
+
+TEST(ServeConfigTest, GoodAddressesAreAccepted) {
+  for (const char* good : {"9464", ":0", "127.0.0.1:9464", "0.0.0.0:65535", "localhost:1"})
+    EXPECT_TRUE(Parse(std::string("  metrics_addr: \"") + good + "\"\n").ok()) << good;
+  for (const char* good : {"tcp://127.0.0.1:5557", "tcp://127.0.0.1:*", "tcp://*:0",
+                           "ipc:///run/kvtier/events", "inproc://events"})
+    EXPECT_TRUE(Parse(std::string("  events_addr: \"") + good + "\"\n").ok()) << good;
+}
+
+// The --metrics-addr flag overrides the config after parsing: Validate checks it the same way.
+TEST(ServeConfigTest, ValidateChecksAddressesSetInCode) {
+  ServeOptions o;
+  o.metrics_addr = "127.0.0.1:99999";
+  EXPECT_NE(o.Validate().message().find("metrics_addr: '127.0.0.1:99999'"), std::string::npos);
+  o.metrics_addr = "127.0.0.1:9464";
+  o.events_addr = "tcp://127.0.0.1:70000";
+  EXPECT_NE(o.Validate().message().find("events_addr: "), std::string::npos);
+}
+
+// Issue 27 item 5: with no write queue every commit writes the lower tiers itself, so a slow
+// SSD holds clients past their deadline: the daemon refuses it.
+TEST(ServeConfigTest, NoWriteQueueWithLowerTiersIsRefused) {
+  const std::string disk = "  - {kind: disk, capacity: 4MiB, params: {path: /nonexistent}}\n";
+  Result<ServeConfig> c =
+      ParseServeConfigYaml("write_queue_blocks: 0\n" + Yaml("  lease_ms: 1000\n", disk), "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("write_queue_blocks: 0"), std::string::npos)
+      << c.status().message();
+  EXPECT_TRUE(ParseServeConfigYaml("write_queue_blocks: 0\n" + Yaml("  lease_ms: 1000\n"), "t.yaml")
+                  .ok());  // a host tier alone has nothing to wait on
+}
+
+}  // namespace
+}  // namespace kvtier::serve
