@@ -148,7 +148,8 @@ int RunPool(const PoolArgs& a) {
       all.push_back(row);
     }
   }
-  if (a.json) std::printf("%s\n", all.dump(2).c_str());
+  // One pair: its object; several: an array of them (as plan ttft does).
+  if (a.json) std::printf("%s\n", (all.size() == 1 ? all[0] : all).dump(2).c_str());
   return 0;
 }
 
