@@ -21,7 +21,7 @@ Result<HbmBudget> ComputeHbmBudget(const GpuProfile& gpu, const ModelProfile& mo
   if (!o.kv_dtype.empty() && model.KvBytesPerToken(o.kv_dtype) == 0) {
     return Status::InvalidArgument("unknown KV dtype '" + o.kv_dtype + "' (bf16, fp16, fp8)");
   }
-  const KvLayout layout =
+  const KvGroupLayout layout =
       model.kv_layout.groups.empty()
           ? SingleGroupLayout(static_cast<double>(model.kv_bytes_per_token), model.kv_dtype)
           : model.kv_layout;

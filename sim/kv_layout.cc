@@ -113,7 +113,7 @@ bool KvGroup::TokenProportional() const {
          kind == KvGroupKind::kCompressed || kind == KvGroupKind::kIndexer;
 }
 
-Status KvLayout::Validate() const {
+Status KvGroupLayout::Validate() const {
   if (groups.empty()) return Status::InvalidArgument("kv_layout: no groups");
   if (!(window_pool_ratio >= 0 && window_pool_ratio <= 1)) {
     return Status::InvalidArgument("kv_layout: window_pool_ratio must be in [0, 1]");
@@ -142,7 +142,7 @@ Status KvLayout::Validate() const {
   return Status::Ok();
 }
 
-KvGroupBytes GroupBytes(const KvLayout& layout, const KvGroup& g, std::string_view dtype) {
+KvGroupBytes GroupBytes(const KvGroupLayout& layout, const KvGroup& g, std::string_view dtype) {
   KvGroupBytes b;
   const double entry = EntryBytes(g, dtype);
   const double layers = g.layers;
@@ -174,7 +174,7 @@ KvGroupBytes GroupBytes(const KvLayout& layout, const KvGroup& g, std::string_vi
   return b;
 }
 
-double KvBytesPerCachedToken(const KvLayout& layout, std::string_view dtype) {
+double KvBytesPerCachedToken(const KvGroupLayout& layout, std::string_view dtype) {
   double total = 0;
   for (const KvGroup& g : layout.groups) {
     const KvGroupBytes b = GroupBytes(layout, g, dtype);
@@ -183,13 +183,13 @@ double KvBytesPerCachedToken(const KvLayout& layout, std::string_view dtype) {
   return total;
 }
 
-double KvBytesPerRunningRequest(const KvLayout& layout, std::string_view dtype) {
+double KvBytesPerRunningRequest(const KvGroupLayout& layout, std::string_view dtype) {
   double total = 0;
   for (const KvGroup& g : layout.groups) total += GroupBytes(layout, g, dtype).per_request;
   return total;
 }
 
-double KvBytesForTokens(const KvLayout& layout, uint64_t tokens, std::string_view dtype) {
+double KvBytesForTokens(const KvGroupLayout& layout, uint64_t tokens, std::string_view dtype) {
   double total = 0;
   const double n = static_cast<double>(tokens);
   for (const KvGroup& g : layout.groups) {
@@ -210,10 +210,10 @@ double KvBytesForTokens(const KvLayout& layout, uint64_t tokens, std::string_vie
   return total;
 }
 
-Result<KvLayout> ParseKvLayout(const nlohmann::json& j, std::string_view source) {
+Result<KvGroupLayout> ParseKvGroupLayout(const nlohmann::json& j, std::string_view source) {
   const std::string where = std::string(source) + ": kv_layout";
   if (!j.is_object()) return Status::InvalidArgument(where + " must be an object");
-  KvLayout l;
+  KvGroupLayout l;
   KVTIER_RETURN_IF_ERROR(Count(j, "block_tokens", where, &l.block_tokens));
   KVTIER_RETURN_IF_ERROR(Field(j, "window_pool_ratio", where, &l.window_pool_ratio));
   KVTIER_RETURN_IF_ERROR(Count(j, "window_page_tokens", where, &l.window_page_tokens));
@@ -231,8 +231,8 @@ Result<KvLayout> ParseKvLayout(const nlohmann::json& j, std::string_view source)
   return l;
 }
 
-KvLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype) {
-  KvLayout l;
+KvGroupLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype) {
+  KvGroupLayout l;
   KvGroup g;
   g.name = "all layers";
   g.kind = KvGroupKind::kFull;

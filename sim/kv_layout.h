@@ -2,7 +2,8 @@
 // entry, per sliding window or per request, and how an engine pages it. A model profile states
 // its groups under "kv_layout" (doc/replay.md, "KV layout"); an old profile with one
 // kv_bytes_per_token is one full-attention group. The groups are meant to map one to one onto
-// the library's KvLayout once it grows hybrid layouts, so this is the only schema for them.
+// the library's KvLayout once it grows hybrid layouts, so this is the only schema for them;
+// the type is named KvGroupLayout so that it does not shadow kvtier::KvLayout inside sim/.
 //
 // Thread-safety: values; the functions are reentrant.
 #ifndef KVTIER_SIM_KV_LAYOUT_H_
@@ -43,14 +44,14 @@ struct KvGroup {
   // A page of block_tokens / ratio entries is rounded up to a multiple of this (0 = none).
   uint32_t page_align = 0;
   // State only: the slots live beside the sliding windows (a ring per window page of
-  // KvLayout::window_page_tokens tokens) rather than once per request.
+  // KvGroupLayout::window_page_tokens tokens) rather than once per request.
   bool in_window_pool = false;
 
   // True for the kinds whose size grows with the tokens held (full, latent, compressed, indexer).
   bool TokenProportional() const;
 };
 
-struct KvLayout {
+struct KvGroupLayout {
   uint32_t block_tokens = 0;  // the engine's page in tokens; 0 = no paging (one-number profiles)
   // > 0: sliding windows (and window-pool states) get a pool of this share of the cached tokens,
   // sized with them (SGLang's swa_full_tokens_ratio); 0: each running request holds its own.
@@ -72,22 +73,22 @@ struct KvGroupBytes {
 
 // The bytes of `g` under `layout` stored as `dtype` ("" = the group's own). Unknown dtype names
 // leave fixed-layout groups as stated.
-KvGroupBytes GroupBytes(const KvLayout& layout, const KvGroup& g, std::string_view dtype = {});
+KvGroupBytes GroupBytes(const KvGroupLayout& layout, const KvGroup& g, std::string_view dtype = {});
 
 // Bytes per cached token the engine charges: the token groups plus window_pool_ratio x the
 // window-pool groups (SGLang's bytes_per_full_token when the layout follows it).
-double KvBytesPerCachedToken(const KvLayout& layout, std::string_view dtype = {});
+double KvBytesPerCachedToken(const KvGroupLayout& layout, std::string_view dtype = {});
 // Fixed bytes per running request: sliding windows and states when there is no window pool,
 // else only the states held per request.
-double KvBytesPerRunningRequest(const KvLayout& layout, std::string_view dtype = {});
+double KvBytesPerRunningRequest(const KvGroupLayout& layout, std::string_view dtype = {});
 // KV bytes of one request holding `tokens` tokens: token groups in whole pages, sliding windows
 // capped at the window, states constant.
-double KvBytesForTokens(const KvLayout& layout, uint64_t tokens, std::string_view dtype = {});
+double KvBytesForTokens(const KvGroupLayout& layout, uint64_t tokens, std::string_view dtype = {});
 
 // Reads a profile's "kv_layout" object; errors name `source` and the field.
-Result<KvLayout> ParseKvLayout(const nlohmann::json& j, std::string_view source);
+Result<KvGroupLayout> ParseKvGroupLayout(const nlohmann::json& j, std::string_view source);
 // The layout of a one-number profile: one full-attention layer of `bytes_per_token` at `dtype`.
-KvLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype);
+KvGroupLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype);
 
 }  // namespace kvtier::sim
 

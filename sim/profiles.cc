@@ -177,9 +177,10 @@ double ModelProfile::weight_bytes() const { return expert_bytes() + dense_bytes(
 uint64_t ModelProfile::KvBytesPerToken(std::string_view dtype) const {
   if (dtype.empty()) return kv_bytes_per_token;
   if (KvDtypeBytes(dtype) == 0 || KvDtypeBytes(kv_dtype) == 0) return 0;
-  const KvLayout layout = kv_layout.groups.empty()
-                              ? SingleGroupLayout(static_cast<double>(kv_bytes_per_token), kv_dtype)
-                              : kv_layout;
+  const KvGroupLayout layout =
+      kv_layout.groups.empty()
+          ? SingleGroupLayout(static_cast<double>(kv_bytes_per_token), kv_dtype)
+          : kv_layout;
   return static_cast<uint64_t>(std::llround(KvBytesPerCachedToken(layout, dtype)));
 }
 
@@ -261,7 +262,7 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
     m.kv_dtype = it->get<std::string>();
   }
   if (auto it = j.find("kv_layout"); it != j.end()) {
-    KVTIER_ASSIGN_OR_RETURN(m.kv_layout, ParseKvLayout(*it, source));
+    KVTIER_ASSIGN_OR_RETURN(m.kv_layout, ParseKvGroupLayout(*it, source));
     const double per_token = KvBytesPerCachedToken(m.kv_layout);
     if (kvb > 0 && std::llround(per_token) != std::llround(kvb)) {
       return Status::InvalidArgument(

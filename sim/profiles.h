@@ -49,7 +49,7 @@ struct ModelProfile {
   std::string kv_dtype = "bf16";    // element type kv_bytes_per_token is stated in
   // The KV by layer group ("kv_layout"); a one-number profile is one full-attention group of
   // kv_bytes_per_token, and then kv_bytes_per_token is what the layout charges per cached token.
-  KvLayout kv_layout;
+  KvGroupLayout kv_layout;
   // Weights as loaded, split so parallelism can shard them: routed experts (sharded over every
   // GPU of a replica under expert parallelism) and the rest (replicated per data-parallel rank).
   // expert_params_b 0 = no split: params_b x weight_bytes_per_param, sharded over tp.

@@ -32,10 +32,10 @@ std::vector<int> V4ProRatios() {
   return r;
 }
 
-TEST(KvLayout, DeepSeekV4ProGroupsTermByTerm) {
+TEST(KvGroupLayout, DeepSeekV4ProGroupsTermByTerm) {
   auto m = LoadModelProfile("deepseek-v4-pro");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  const KvLayout& l = m->kv_layout;
+  const KvGroupLayout& l = m->kv_layout;
   const std::vector<int> ratios = V4ProRatios();
   ASSERT_EQ(ratios.size(), 61u);
   const uint32_t c4 = std::count(ratios.begin(), ratios.end(), 4);
@@ -112,7 +112,7 @@ TEST(HbmBudget, DeepSeekV4ProOnB300Dep8TermByTerm) {
 
 // A one-number profile is one full-attention group: its per-token bytes, dtype rescaling and
 // pool are what they were before the groups.
-TEST(KvLayout, DenseModelUnchanged) {
+TEST(KvGroupLayout, DenseModelUnchanged) {
   auto m = LoadModelProfile("llama-3.1-8b");
   auto g = LoadGpuProfile("h100");
   ASSERT_TRUE(m.ok() && g.ok());
@@ -135,13 +135,13 @@ TEST(KvLayout, DenseModelUnchanged) {
   EXPECT_EQ(b->tokens, static_cast<uint64_t>(replica / 2 / 131072));
 }
 
-TEST(KvLayout, PagesArePaddedAndBadGroupsNameTheField) {
+TEST(KvGroupLayout, PagesArePaddedAndBadGroupsNameTheField) {
   const char* json = R"({"block_tokens": 256, "groups": [
       {"name": "c128", "kind": "compressed", "layers": 2, "ratio": 128, "entry_bytes": 584,
        "page_align": 576},
       {"name": "gqa", "kind": "full", "layers": 4, "heads": 8, "head_dim": 128, "dtype": "bf16"},
       {"name": "mamba", "kind": "state", "layers": 3, "slots": 1, "entry_bytes": 1000}]})";
-  auto l = ParseKvLayout(nlohmann::json::parse(json), "t.json");
+  auto l = ParseKvGroupLayout(nlohmann::json::parse(json), "t.json");
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   // 2 entries x 584 = 1168 B, padded to 3 x 576.
   EXPECT_DOUBLE_EQ(GroupBytes(*l, l->groups[0]).page_bytes, 1728);
@@ -152,12 +152,13 @@ TEST(KvLayout, PagesArePaddedAndBadGroupsNameTheField) {
   EXPECT_DOUBLE_EQ(KvBytesPerRunningRequest(*l), 3000);
   EXPECT_DOUBLE_EQ(KvBytesForTokens(*l, 10), 2 * 1728.0 + 4 * 256 * 4096.0 + 3000);
 
-  auto bad = ParseKvLayout(nlohmann::json::parse(R"({"groups": [{"name": "w",
+  auto bad = ParseKvGroupLayout(nlohmann::json::parse(R"({"groups": [{"name": "w",
       "kind": "sliding_window", "layers": 1, "entry_bytes": 8}]})"),
-                           "t.json");
+                                "t.json");
   EXPECT_EQ(bad.status().message(),
             "t.json: kv_layout group 'w': a sliding window needs 'window' > 0");
-  auto kind = ParseKvLayout(nlohmann::json::parse(R"({"groups": [{"kind": "ssm"}]})"), "t.json");
+  auto kind =
+      ParseKvGroupLayout(nlohmann::json::parse(R"({"groups": [{"kind": "ssm"}]})"), "t.json");
   EXPECT_EQ(kind.status().code(), StatusCode::kInvalidArgument);
 }
 

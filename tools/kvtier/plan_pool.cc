@@ -37,7 +37,7 @@ std::string Span(const sim::KvGroup& g) {
 }
 
 nlohmann::json Groups(const sim::ModelProfile& m, const std::string& dtype, bool print) {
-  const sim::KvLayout& l = m.kv_layout;
+  const sim::KvGroupLayout& l = m.kv_layout;
   nlohmann::json rows = nlohmann::json::array();
   if (print) {
     std::printf("  KV by layer group (page %u tokens; window pool %.2f x cached tokens):\n",
