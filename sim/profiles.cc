@@ -145,6 +145,13 @@ Status ModelProfile::Validate() const {
   if (!(weight_bytes_per_param > 0)) return bad("weight_bytes_per_param must be > 0");
   if (layers == 0 || q_heads == 0 || head_dim == 0) return bad("layers, q_heads, head_dim > 0");
   if (kv_bytes_per_token == 0) return bad("kv_bytes_per_token must be > 0");
+  if (!kv_layout.groups.empty()) {
+    if (Status s = kv_layout.Validate(); !s.ok()) return bad(s.message());
+  }
+  if (expert_params_b > 0 &&
+      !(expert_params_b < params_b && expert_bytes_per_param > 0 && dense_bytes_per_param > 0)) {
+    return bad("expert_params_b needs expert_ and dense_bytes_per_param and must be < params_b");
+  }
   if (KvDtypeBytes(kv_dtype) == 0) return bad("kv_dtype must be bf16, fp16 or fp8");
   if (!(spec_acceptance_length >= 1)) return bad("spec_acceptance_length must be >= 1");
   return Status::Ok();
@@ -156,11 +163,25 @@ double KvDtypeBytes(std::string_view dtype) {
   return 0;
 }
 
+double ModelProfile::expert_bytes() const {
+  return expert_params_b > 0 ? expert_params_b * 1e9 * expert_bytes_per_param : 0;
+}
+
+double ModelProfile::dense_bytes() const {
+  if (expert_params_b > 0) return (params_b - expert_params_b) * 1e9 * dense_bytes_per_param;
+  return params_b * 1e9 * weight_bytes_per_param;
+}
+
+double ModelProfile::weight_bytes() const { return expert_bytes() + dense_bytes(); }
+
 uint64_t ModelProfile::KvBytesPerToken(std::string_view dtype) const {
   if (dtype.empty()) return kv_bytes_per_token;
-  const double to = KvDtypeBytes(dtype), from = KvDtypeBytes(kv_dtype);
-  if (to == 0 || from == 0) return 0;
-  return static_cast<uint64_t>(std::llround(static_cast<double>(kv_bytes_per_token) * to / from));
+  if (KvDtypeBytes(dtype) == 0 || KvDtypeBytes(kv_dtype) == 0) return 0;
+  const KvGroupLayout layout =
+      kv_layout.groups.empty()
+          ? SingleGroupLayout(static_cast<double>(kv_bytes_per_token), kv_dtype)
+          : kv_layout;
+  return static_cast<uint64_t>(std::llround(KvBytesPerCachedToken(layout, dtype)));
 }
 
 double ModelProfile::AttentionFlopsPerPair() const {
@@ -210,7 +231,12 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
   KVTIER_RETURN_IF_ERROR(Number(j, "q_heads", source, true, &q));
   KVTIER_RETURN_IF_ERROR(Number(j, "kv_heads", source, false, &kv));
   KVTIER_RETURN_IF_ERROR(Number(j, "head_dim", source, true, &hd));
-  KVTIER_RETURN_IF_ERROR(Number(j, "kv_bytes_per_token", source, true, &kvb));
+  KVTIER_RETURN_IF_ERROR(Number(j, "kv_bytes_per_token", source, !j.contains("kv_layout"), &kvb));
+  KVTIER_RETURN_IF_ERROR(Number(j, "expert_params_b", source, false, &m.expert_params_b));
+  KVTIER_RETURN_IF_ERROR(
+      Number(j, "expert_bytes_per_param", source, false, &m.expert_bytes_per_param));
+  KVTIER_RETURN_IF_ERROR(
+      Number(j, "dense_bytes_per_param", source, false, &m.dense_bytes_per_param));
   KVTIER_RETURN_IF_ERROR(Number(j, "v_head_dim", source, false, &vhd));
   KVTIER_RETURN_IF_ERROR(Number(j, "attention_topk", source, false, &topk));
   KVTIER_RETURN_IF_ERROR(
@@ -234,6 +260,18 @@ Result<ModelProfile> ParseModelProfile(std::string_view json, std::string_view s
       return Status::InvalidArgument(std::string(source) + ": 'kv_dtype' must be a string");
     }
     m.kv_dtype = it->get<std::string>();
+  }
+  if (auto it = j.find("kv_layout"); it != j.end()) {
+    KVTIER_ASSIGN_OR_RETURN(m.kv_layout, ParseKvGroupLayout(*it, source));
+    const double per_token = KvBytesPerCachedToken(m.kv_layout);
+    if (kvb > 0 && std::llround(per_token) != std::llround(kvb)) {
+      return Status::InvalidArgument(
+          std::string(source) + ": kv_bytes_per_token " + std::to_string(std::llround(kvb)) +
+          " disagrees with kv_layout's " + std::to_string(std::llround(per_token)));
+    }
+    m.kv_bytes_per_token = static_cast<uint64_t>(std::llround(per_token));
+  } else {
+    m.kv_layout = SingleGroupLayout(static_cast<double>(m.kv_bytes_per_token), m.kv_dtype);
   }
   KVTIER_RETURN_IF_ERROR(Sources(j, source, &m.sources));
   if (j.contains("note") && j["note"].is_string()) m.note = j["note"].get<std::string>();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvtier/status.h"
+#include "sim/kv_layout.h"
 
 namespace kvtier::sim {
 
@@ -42,10 +43,19 @@ struct ModelProfile {
   uint32_t layers = 0;
   uint32_t q_heads = 0;
   uint32_t kv_heads = 0;
-  uint32_t head_dim = 0;              // attention head dim (for the attention FLOPs)
-  uint32_t v_head_dim = 0;            // value head dim; 0 = head_dim (MLA models differ)
-  uint64_t kv_bytes_per_token = 0;    // KV across all layers, at kv_dtype
-  std::string kv_dtype = "bf16";      // element type kv_bytes_per_token is stated in
+  uint32_t head_dim = 0;            // attention head dim (for the attention FLOPs)
+  uint32_t v_head_dim = 0;          // value head dim; 0 = head_dim (MLA models differ)
+  uint64_t kv_bytes_per_token = 0;  // KV per cached token across all layers, at kv_dtype
+  std::string kv_dtype = "bf16";    // element type kv_bytes_per_token is stated in
+  // The KV by layer group ("kv_layout"); a one-number profile is one full-attention group of
+  // kv_bytes_per_token, and then kv_bytes_per_token is what the layout charges per cached token.
+  KvGroupLayout kv_layout;
+  // Weights as loaded, split so parallelism can shard them: routed experts (sharded over every
+  // GPU of a replica under expert parallelism) and the rest (replicated per data-parallel rank).
+  // expert_params_b 0 = no split: params_b x weight_bytes_per_param, sharded over tp.
+  double expert_params_b = 0;
+  double expert_bytes_per_param = 0;
+  double dense_bytes_per_param = 0;
   std::string attention;              // "gqa", "mha", "mla", "csa" (compressed sparse)
   uint32_t attention_topk = 0;        // > 0: a query attends to at most this many tokens
   double spec_acceptance_length = 1;  // mean tokens per decode step (speculative decoding)
@@ -53,9 +63,13 @@ struct ModelProfile {
   std::map<std::string, std::string> sources;  // field -> where its value comes from
 
   Status Validate() const;
-  double weight_bytes() const { return params_b * 1e9 * weight_bytes_per_param; }
-  // KV bytes per token stored as `dtype` ("bf16", "fp16", "fp8"; empty = kv_dtype), or 0 for an
-  // unknown dtype.
+  // All weights of one replica as loaded.
+  double weight_bytes() const;
+  // Routed-expert and other weights, bytes (expert_bytes() is 0 without the split).
+  double expert_bytes() const;
+  double dense_bytes() const;
+  // KV bytes per cached token stored as `dtype` ("bf16", "fp16", "fp8"; empty = kv_dtype), or 0
+  // for an unknown dtype: the layout's KvBytesPerCachedToken, rounded.
   uint64_t KvBytesPerToken(std::string_view dtype = {}) const;
   // Attention FLOPs per (query, key) pair: 2 x layers x q_heads x (head_dim + v_head_dim).
   double AttentionFlopsPerPair() const;

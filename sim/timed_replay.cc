@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "sim/hbm_budget.h"
 #include "sim/timed_replay_impl.h"
 
 namespace kvtier::sim {
@@ -65,7 +66,6 @@ Status TimedReplay::Configure() {
   // The measuring window: everything, or [warmup, warmup + window) when a window is set.
   window_start_ = o_.window_s > 0 ? o_.warmup_s : 0;
   window_end_ = o_.window_s > 0 ? o_.warmup_s + o_.window_s : INFINITY;
-  const double hbm_bytes = gpu_.hbm_gb * 1e9;
   tp_ = o_.tp;
   if (tp_ == 0) tp_ = DefaultTp(gpu_, model_);
   res_.tp = tp_;
@@ -94,9 +94,19 @@ Status TimedReplay::Configure() {
   accept_ =
       o_.spec_acceptance_length > 0 ? o_.spec_acceptance_length : model_.spec_acceptance_length;
   res_.block_bytes = cp.block_bytes;
-  const double kv_bytes = o_.hbm_kv_bytes > 0
-                              ? static_cast<double>(o_.hbm_kv_bytes)
-                              : o_.hbm_kv_fraction * tp_ * hbm_bytes - model_.weight_bytes();
+  double kv_bytes = static_cast<double>(o_.hbm_kv_bytes);
+  if (o_.hbm_kv_bytes == 0) {
+    // The engine's pool per data-parallel rank (sim/hbm_budget.h), each rank running its share
+    // of the live session trees; the replicas' ranks hold tokens at the per-token block size.
+    ServingOptions so;
+    so.tp = tp_;
+    so.dp = o_.dp;
+    so.memory_utilization = o_.hbm_kv_fraction;
+    so.running_per_rank = (o_.concurrency + o_.dp - 1) / o_.dp;
+    so.kv_dtype = o_.kv_dtype;
+    KVTIER_ASSIGN_OR_RETURN(HbmBudget budget, ComputeHbmBudget(gpu_, model_, so));
+    kv_bytes = static_cast<double>(budget.tokens) * o_.dp * static_cast<double>(kv_per_token_);
+  }
   if (kv_bytes < static_cast<double>(res_.block_bytes)) {
     return Status::InvalidArgument(model_.name + " leaves no HBM for KV on " + std::to_string(tp_) +
                                    " x " + gpu_.name + "; raise --tp");

@@ -46,7 +46,8 @@ struct TimedOptions {
   uint32_t tp = 0;            // GPUs per replica; 0 = the fewest that hold the weights
   uint64_t max_requests = 0;  // 0 = one pass over every trace (more when concurrency needs it)
   std::string policy = "lru-tail";  // per tier: lru-tail (built in) or a MakeEvictionPolicy name
-  // HBM KV capacity; 0 = what the GPUs hold after weights (hbm_kv_fraction of the rest).
+  // HBM KV capacity; 0 = the engine's pool of each data-parallel rank (sim/hbm_budget.h), with
+  // hbm_kv_fraction as the engine's memory utilization.
   uint64_t hbm_kv_bytes = 0;
   double hbm_kv_fraction = 0.9;
   TierSpec host;  // bandwidth 0 = the GPU host link; capacity 0 = 4x HBM KV (<= 3 TB)

@@ -87,6 +87,8 @@ fi
 expect_json "plan ttft --json" rows gpu model -- \
   "$kvtier" plan ttft --gpu h100 --model llama-3.1-8b --tokens 1000,10000,100000 --json
 expect_json "plan crossover --json" rows definition -- "$kvtier" plan crossover --json
+expect_json "plan pool --json" gpu model groups terms -- \
+  "$kvtier" plan pool --gpu b300 --model deepseek-v4-pro --json
 expect_error "plan names an unknown profile" "unknown GPU profile 'nope'" -- \
   "$kvtier" plan crossover --gpu nope
 

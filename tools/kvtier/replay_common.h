@@ -117,6 +117,7 @@ struct TimedArgs {
   double disk_gbps = 6, disk_latency_us = 100;
   double remote_gbps = 25, remote_latency_us = 200;
   double hbm_kv_gb = 0;
+  double memory_utilization = 0.9;
   bool no_planner = false;
   std::string kv_dtype;
   double spec_accept = 0;
@@ -153,6 +154,9 @@ inline void AddTimedOptions(CLI::App* app, TimedArgs* a) {
   app->add_option("--remote-gbps", a->remote_gbps, "Remote tier bandwidth per replica, GB/s");
   app->add_option("--remote-latency-us", a->remote_latency_us, "Remote per-op latency, us");
   app->add_option("--hbm-kv-gb", a->hbm_kv_gb, "HBM KV capacity per replica, GB (0 = derived)");
+  app->add_option("--memory-utilization", a->memory_utilization,
+                  "Engine's share of HBM for weights and KV (gpu_memory_utilization)")
+      ->capture_default_str();
   app->add_flag("--no-planner", a->no_planner, "Always load what is cached (never recompute)");
   app->add_option("--kv-dtype", a->kv_dtype, "KV element type: bf16, fp8 (default: the model's)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp8"}));
@@ -242,6 +246,7 @@ inline bool MakeTimedOptions(const TimedArgs& a, const std::string& policy, sim:
   o->window_s = pick(a.window_s, kAgentxWindowS);
   o->max_idle_s = pick(a.max_idle_s, kAgentxMaxIdleS);
   o->hbm_kv_bytes = static_cast<uint64_t>(a.hbm_kv_gb * 1e9);
+  o->hbm_kv_fraction = a.memory_utilization;
   struct {
     const std::string& text;
     sim::TierSpec* spec;
