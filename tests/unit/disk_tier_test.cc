@@ -24,6 +24,22 @@ std::vector<std::byte> Bytes(uint64_t n, uint64_t size) {
   return b;
 }
 
+// Puts blocks Key(0..2) with Bytes(i, bb); returns their keys.
+std::vector<BlockKey> PutThree(Tier& t, uint64_t bb) {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> blocks;
+  for (uint64_t i = 0; i < 3; ++i) {
+    data.push_back(Bytes(i, bb));
+    keys.push_back(Key(i));
+  }
+  for (auto& d : data) blocks.emplace_back(d);
+  std::vector<Status> res(3);
+  EXPECT_TRUE(t.Put(keys, blocks, res).ok());
+  for (auto& r : res) EXPECT_TRUE(r.ok()) << r.ToString();
+  return keys;
+}
+
 TierSpec DiskSpec(const std::string& dir, uint64_t capacity) {
   TierSpec s;
   s.kind = "disk";
@@ -140,16 +156,7 @@ TEST(DiskTierTest, ResidentBlocksCountTheIndexNotTheBytes) {
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Tier& t = **made;
   EXPECT_EQ(t.stats().resident_blocks, 0u);
-  std::vector<std::vector<std::byte>> data;
-  std::vector<BlockKey> keys;
-  std::vector<ConstBlock> blocks;
-  for (uint64_t i = 0; i < 3; ++i) {
-    data.push_back(Bytes(i, bb));
-    keys.push_back(Key(i));
-  }
-  for (auto& d : data) blocks.emplace_back(d);
-  std::vector<Status> res(3);
-  ASSERT_TRUE(t.Put(keys, blocks, res).ok());
+  const std::vector<BlockKey> keys = PutThree(t, bb);
   EXPECT_EQ(t.stats().resident_blocks, 3u);
   ASSERT_TRUE(t.Erase(std::span<const BlockKey>(keys).first(1)).ok());
   EXPECT_EQ(t.stats().resident_blocks, 2u);
@@ -202,17 +209,8 @@ TEST(DiskTierTest, GetSliceReadsLayersAndTheBlocksChecksum) {
   auto made = MakeTier(DiskSpec(dir.path(), 4 << 20), layout);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
   Tier& t = **made;
-  std::vector<std::vector<std::byte>> data;
-  std::vector<BlockKey> keys;
-  std::vector<ConstBlock> blocks;
-  for (uint64_t i = 0; i < 3; ++i) {
-    data.push_back(Bytes(i, bb));
-    keys.push_back(Key(i));
-  }
-  for (auto& d : data) blocks.emplace_back(d);
-  std::vector<Status> res(3);
-  ASSERT_TRUE(t.Put(keys, blocks, res).ok());
-  for (auto& r : res) ASSERT_TRUE(r.ok()) << r.ToString();
+  std::vector<BlockKey> keys = PutThree(t, bb);
+  std::vector<Status> res;
 
   keys.push_back(Key(42));  // never stored
   std::vector<std::vector<std::byte>> got(4, std::vector<std::byte>(bb));
@@ -224,12 +222,12 @@ TEST(DiskTierTest, GetSliceReadsLayersAndTheBlocksChecksum) {
     ASSERT_TRUE(t.GetSlice(keys, offset, out, sums, res).ok());
     for (uint64_t i = 0; i < 3; ++i) {
       ASSERT_TRUE(res[i].ok()) << res[i].ToString();
-      EXPECT_EQ(sums[i], Checksum64(data[i])) << i;
+      EXPECT_EQ(sums[i], Checksum64(Bytes(i, bb))) << i;
     }
     EXPECT_TRUE(res[3].IsNotFound()) << res[3].ToString();
     EXPECT_EQ(sums[3], 0u);
   }
-  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], data[i]) << i;
+  for (uint64_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], Bytes(i, bb)) << i;
 
   // A slice past the block's end: refused per block by Tier::GetSlice.
   std::vector<std::byte> tail(200);

@@ -314,12 +314,17 @@ TEST_F(RemoteTierTest, WrongTypeValueIsDroppedLikeCorruption) {
   EXPECT_EQ(exists->text, "0");
 }
 
+// A server of 3 MiB that refuses writes past it (noeviction).
+Result<std::unique_ptr<RedisServer>> SmallServer() {
+  RedisServer::Options so;
+  so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
+  return RedisServer::Start(so);
+}
+
 // Issue 27 item 6: a server at maxmemory refused writes and the tier only counted them, so
 // nothing in the log said why the remote tier stored nothing. Now it says so, at most every 10 s.
 TEST_F(RemoteTierTest, WritesRefusedAtMaxmemoryAreLoggedAtMostOnceAPeriod) {
-  RedisServer::Options so;
-  so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
-  Result<std::unique_ptr<RedisServer>> small = RedisServer::Start(so);
+  Result<std::unique_ptr<RedisServer>> small = SmallServer();
   ASSERT_TRUE(small.ok()) << small.status().ToString();
   auto tier = testing::OpenRemoteTier(Options((*small)->url()));
   ASSERT_NE(tier, nullptr);
@@ -346,14 +351,15 @@ TEST_F(RemoteTierTest, ResidentBlocksAreCountedNotDerivedFromTheServersMemory) {
   EXPECT_EQ(tier->stats().resident_blocks, 0u);
   std::vector<Status> put;
   PutKeys(*tier, 10, 9, &put);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // usage is re-read every 1 s
+  // Usage is re-read every second: poll for it (up to 5 s).
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (tier->stats().resident_blocks != 10 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(tier->stats().resident_blocks, 10u);
 }
 
 TEST_F(RemoteTierTest, ServerAtMaxmemoryRefusesWritesAndServesNothingWrong) {
-  RedisServer::Options so;
-  so.args = {"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"};
-  Result<std::unique_ptr<RedisServer>> small = RedisServer::Start(so);
+  Result<std::unique_ptr<RedisServer>> small = SmallServer();
   ASSERT_TRUE(small.ok()) << small.status().ToString();
   auto tier = testing::OpenRemoteTier(Options((*small)->url()));
   ASSERT_NE(tier, nullptr);
