@@ -115,7 +115,8 @@ void Server::Impl::Run() {
                     : "uid " + std::to_string(c->peer.uid) + " not in serve.allow_uids";
         if (refused_log_.Allow()) spdlog::warn("{}: refused: {}", c->Name(), why);
         ++refused_;
-        Refuse(fd, Status::ResourceExhausted(why));
+        // A uid not allowed is refused for good; a full queue only for now.
+        Refuse(fd, allowed ? Status::ResourceExhausted(why) : Status::InvalidArgument(why));
         continue;
       }
       c->accepted_ns = MonotonicNs();
