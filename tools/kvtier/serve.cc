@@ -36,7 +36,8 @@ Result<serve::ServeConfig> ReadConfig(const std::string& path) {
   return serve::LoadServeConfigFile(path);
 }
 
-int RunServe(const std::string& config, const std::string& socket, const std::string& metrics) {
+int RunServe(const std::string& config, const std::string& socket, const std::string& metrics,
+             const std::string& events) {
   auto cfg = ReadConfig(config);
   if (!cfg.ok()) {
     spdlog::error("kvtier serve: {}", cfg.status().message());
@@ -54,24 +55,21 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &sa, nullptr);
-  std::unique_ptr<EventPublisher> events;
-  if (!cfg->serve.events_addr.empty()) {
-    std::vector<std::string> names;
-    for (const TierSpec& t : cfg->cache.tiers) names.push_back(t.name.empty() ? t.kind : t.name);
-    auto p = EventPublisher::Start(cfg->serve.events_addr, cfg->cache.layout.block_tokens, names);
-    if (!p.ok()) {
-      spdlog::error("kvtier serve: serve.events_addr: {}", p.status().message());
-      return 1;
-    }
-    events = std::move(p).value();
-    EventPublisher* raw = events.get();
-    cfg->cache.on_event = [raw](const KvEvent& e) { raw->Publish(e); };
-    spdlog::info("kvtier serve: KV events on {}", events->endpoint());
+  if (!events.empty()) cfg->serve.events_addr = events;
+  if (Status st = serve::ApplyEventOptions(cfg->serve, &cfg->cache); !st.ok()) {
+    spdlog::error("kvtier serve: {}", st.message());
+    return 2;
   }
   auto server = serve::Server::Start(cfg->cache, cfg->serve);
   if (!server.ok()) {
     spdlog::error("kvtier serve: {}", server.status().message());
     return 1;
+  }
+  if (const KvEventsInfo e = (*server)->cache().events_info(); !e.endpoint.empty()) {
+    spdlog::info("kvtier serve: KV events on {} topic '{}' (kvtier keys: '{}')", e.endpoint,
+                 e.topic, e.keys_topic);
+    if (!e.replay_endpoint.empty())
+      spdlog::info("kvtier serve: KV event replay on {}", e.replay_endpoint);
   }
   std::unique_ptr<MetricsServer> http;
   if (!cfg->serve.metrics_addr.empty()) {
@@ -121,6 +119,7 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
         continue;
       }
       if (!socket.empty()) again->serve.socket_path = socket;
+      if (!events.empty()) again->serve.events_addr = events;
       for (const std::string& line : (*server)->Reload(again->cache, again->serve))
         spdlog::warn("kvtier serve: SIGHUP: {}", line);
       spdlog::info("kvtier serve: SIGHUP: reloaded {}", config);
@@ -129,8 +128,7 @@ int RunServe(const std::string& config, const std::string& socket, const std::st
     spdlog::info("kvtier serve: {}: draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     http.reset();
     (*server)->Stop();
-    server->reset();
-    events.reset();  // after the server: its last events are sent first
+    server->reset();  // its Cache's publisher sends the last events as it goes
     spdlog::info("kvtier serve: stopped");
     return 0;
   }
@@ -151,10 +149,13 @@ RunFn SetupServe(CLI::App* app) {
   auto config = std::make_shared<std::string>();
   auto socket = std::make_shared<std::string>();
   auto metrics = std::make_shared<std::string>();
+  auto events = std::make_shared<std::string>();
   app->add_option("--config", *config, "YAML config (cache keys + serve: section)");
   app->add_option("--socket", *socket, "Unix socket path (default " + DefaultSocketPath() + ")");
   app->add_option("--metrics-addr", *metrics, "HOST:PORT for GET /metrics (overrides the config)");
-  return [=] { return RunServe(*config, *socket, *metrics); };
+  app->add_option("--events", *events,
+                  "ZeroMQ endpoint for KV events, vLLM's format (overrides serve.events_addr)");
+  return [=] { return RunServe(*config, *socket, *metrics, *events); };
 }
 
 int RunStatus(const std::string& socket, bool json, uint32_t timeout_ms) {
