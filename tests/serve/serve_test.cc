@@ -659,6 +659,7 @@ TEST_F(ServeTest, RestartAnnouncesAClearThenTheSsdBlocksToABindingRouter) {
   if (HasFatalFailure()) return;
   ASSERT_EQ(d.Signal(SIGTERM), 0) << d.Log();
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE(d.WaitForLog("KV event replay on ", 2000)) << d.Log();
   const std::string replay = LogValue(d.Log(), "KV event replay on ", " \n");
   ASSERT_FALSE(replay.empty()) << d.Log();
   std::vector<WireBatch> batches;
@@ -696,6 +697,7 @@ int RunCli(const std::string& args, std::string* out) {
 TEST_F(ServeTest, DropTenantDropsOnlyThatTenantFromEveryTier) {
   Daemon d(dir_.path(), Config(64, dir_.path() + "/ssd", "  events_addr: tcp://127.0.0.1:*\n"));
   ASSERT_TRUE(d.Start().ok()) << d.Log();
+  ASSERT_TRUE(d.WaitForLog("KV events on ", 2000));  // logged once the socket is up
   const std::string endpoint = LogValue(d.Log(), "KV events on ", " \n");
   ASSERT_FALSE(endpoint.empty()) << d.Log();
   zmq::context_t ctx;
