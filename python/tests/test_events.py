@@ -1,6 +1,8 @@
 """kvtier's KV events decoded with vLLM's own msgspec classes (vllm.distributed.kv_events), as a
 router built on vLLM's format decodes them: a real `kvtier serve` publishing, stores through
-kvtier.Client, the live stream and the replay socket, and a restart that announces the SSD."""
+kvtier.Client, the live stream and the replay socket, and a restart that announces the SSD.
+Needs a kvtier package of this tree (PYTHONPATH, or pip install .) and KVTIER_BIN; skips when the
+installed package speaks another protocol than the daemon."""
 
 import re
 import time
@@ -66,9 +68,14 @@ def replay(endpoint: str, start_seq: int = 0) -> list[tuple[str, int, kv_events.
 
 
 def client(d: Daemon):
+    """A client of d; skips when the installed kvtier package speaks another protocol than this
+    tree's daemon (the daemon refuses its store: the package is older or newer than the tree)."""
     c = kvtier.Client.connect(LAYOUT, socket=d.socket, model_id="default")
-    if not c.wait_connected(5000):
-        pytest.skip("the kvtier package in this venv cannot talk to this tree's daemon (older)")
+    probe = np.zeros((1, LAYOUT.bytes_per_block), np.uint8)
+    if not c.wait_connected(5000) or c.store(list(range(2 * 10**6, 2 * 10**6 + 16)),
+                                             probe).stored_blocks != 1:
+        pytest.skip(f"the kvtier package at {kvtier.__file__} cannot store through this tree's "
+                    f"daemon (another protocol version); install this tree's package")
     return c
 
 
