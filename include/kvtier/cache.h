@@ -61,6 +61,9 @@ struct CacheOptions {
   bool promote_on_load = true;   // a block loaded from a lower tier is copied into the first
   bool verify_checksums = true;  // checksum on Store; verify loads from verify_on_load tiers
   KvEventCallback on_event;
+  // The Cache's own KV-event publisher (vLLM's wire format, doc/events.md); off by default.
+  // When on, blocks the disk tier recovered at open are indexed and announced at once.
+  KvEventsOptions events;
   // Blocks queued for the background writer at most; a Store waits while the queue is full
   // (backpressure). 0: every tier is written in the caller's thread before Store returns, and
   // Load promotes in the caller's thread (the synchronous behaviour; deterministic). In
@@ -165,6 +168,8 @@ class Cache final : public KvCache {
   void Flush();
 
   CacheStats stats() const override;
+  // The KV-event publisher (CacheOptions::events); endpoint empty when it is off.
+  KvEventsInfo events_info() const;
   // Prometheus text exposition format (version 0.0.4) of stats().
   std::string PrometheusText() const;
 

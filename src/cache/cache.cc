@@ -23,6 +23,10 @@ std::string_view WriteModeName(WriteMode mode) {
 Status CacheOptions::Validate() const {
   KVTIER_RETURN_IF_ERROR(layout.Validate());
   if (tiers.empty()) return Status::InvalidArgument("tiers: at least one tier is needed");
+  KVTIER_RETURN_IF_ERROR(events.Validate());
+  if (events.media.size() > tiers.size())
+    return Status::InvalidArgument("events.media: " + std::to_string(events.media.size()) +
+                                   " names for " + std::to_string(tiers.size()) + " tiers");
   if (tiers.size() > static_cast<size_t>(kMaxTiers))
     return Status::InvalidArgument("tiers: at most " + std::to_string(kMaxTiers) + " tiers, got " +
                                    std::to_string(tiers.size()));
@@ -341,6 +345,7 @@ Result<std::unique_ptr<Cache>> Cache::Open(CacheOptions options) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   auto impl = std::make_unique<Impl>(std::move(options));
   KVTIER_RETURN_IF_ERROR(impl->OpenTiers());
+  KVTIER_RETURN_IF_ERROR(impl->OpenEvents());
   return std::unique_ptr<Cache>(new Cache(std::move(impl)));
 }
 

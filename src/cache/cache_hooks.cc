@@ -176,6 +176,9 @@ uint64_t Cache::Impl::ClearManaged() {
     dropped += gone.size();
     EmitRemoved(st, gone, changes);
   }
+  // Routers learn of a flush as vLLM's AllBlocksCleared, then what survived it (pinned blocks,
+  // the disk and remote tiers) again.
+  EmitCleared();
   return dropped;
 }
 

@@ -24,6 +24,7 @@
 #include "common/flat_map.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
+#include "events/kv_event_publisher.h"
 #include "index/block_index.h"
 #include "tiers/disk/io_engine.h"
 #include "tiers/host/host_tier.h"
@@ -201,14 +202,24 @@ class Cache::Impl {
   // change: the index's number for the change (BlockIndex), so seq follows the index's order
   // even when two threads report their changes in the other order.
   void Emit(KvEvent::Type type, const BlockKey& key, int tier, uint64_t change) {
-    if (!options_.on_event || change == 0) return;  // 0: the index did not change
+    if (!Listened() || change == 0) return;  // 0: the index did not change
     KvEvent e;
     e.seq = change;
     e.type = type;
     e.key = key;
     e.tier = tier;
-    options_.on_event(e);
+    Deliver(e);
   }
+  bool Listened() const { return options_.on_event || publisher_; }
+  void Deliver(const KvEvent& e) {
+    if (publisher_) publisher_->Add(e);
+    if (options_.on_event) options_.on_event(e);
+  }
+  // Events (cache_events.cc): starts the publisher when options_.events asks for one, then
+  // indexes and announces what the disk tier recovered.
+  Status OpenEvents();
+  // After a clear: one kCleared event with every block still resident.
+  void EmitCleared();
 
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys, const RequestOptions& request);
   // promote_now: promotion runs in this thread before returning (the daemon's staging,
@@ -250,6 +261,8 @@ class Cache::Impl {
   BlockIndex index_;
   std::vector<std::unique_ptr<TierState>> tiers_;
   bool verify_any_ = false;
+  // Outlives the writer (joined in ~Impl before members go), whose writes it announces.
+  std::unique_ptr<events::KvEventPublisher> publisher_;
 
  private:
   struct PendingEvent {

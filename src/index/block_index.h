@@ -80,6 +80,9 @@ class BlockIndex {
   // Marks key resident in tier (creating the entry). checksum is set when non-zero. Returns the
   // change's number, or 0 when it was resident there already.
   uint64_t AddTier(const BlockKey& key, int tier, uint64_t checksum);
+  // A number for a change that is not one key's (the Cache's kCleared event): every change
+  // numbered before it is visible to a Select started after it.
+  uint64_t TakeChange() { return changes_.fetch_add(1, std::memory_order_relaxed) + 1; }
   // Clears tier from key's mask; drops the entry when no tier and no pin remain.
   // Returns the change's number, or 0 when the key was not resident in that tier.
   uint64_t RemoveTier(const BlockKey& key, int tier);

@@ -60,7 +60,15 @@ void Histo(std::string* out, const char* name, const std::string& labels,
 }  // namespace
 
 std::string_view KvEventTypeName(KvEvent::Type type) {
-  return type == KvEvent::Type::kStored ? "stored" : "removed";
+  switch (type) {
+    case KvEvent::Type::kStored:
+      return "stored";
+    case KvEvent::Type::kRemoved:
+      return "removed";
+    case KvEvent::Type::kCleared:
+      return "cleared";
+  }
+  return "?";
 }
 
 std::string Cache::PrometheusText() const {
@@ -144,6 +152,11 @@ std::string Cache::PrometheusText() const {
   Histo(&out, "kvtier_load_latency_seconds", "", s.load_latency_ns);
   Header(&out, "kvtier_store_latency_seconds", "histogram", "Store latency");
   Histo(&out, "kvtier_store_latency_seconds", "", s.store_latency_ns);
+  if (const KvEventsInfo e = events_info(); !e.endpoint.empty()) {
+    counter("kvtier_events_sent_total", "KV events published", e.events);
+    counter("kvtier_events_batches_total", "KV-event batches published", e.batches);
+    counter("kvtier_events_dropped_total", "KV events dropped on a full queue", e.dropped);
+  }
   return out;
 }
 

@@ -94,13 +94,79 @@ Result<std::vector<uint32_t>> Uids(std::string_view src, const YAML::Node& n,
   return out;
 }
 
+// serve.events_* (all but events_addr).
+Status ParseEvents(std::string_view src, const YAML::Node& n, ServeOptions* o) {
+  KvEventsOptions& e = o->events;
+  const std::pair<const char*, std::string*> strings[] = {
+      {"events_topic", &e.topic},
+      {"events_keys_topic_suffix", &e.keys_topic_suffix},
+      {"events_topic_host", &e.topic_host},
+      {"events_topic_port", &e.topic_port},
+      {"events_replay_addr", &e.replay_endpoint}};
+  for (const auto& [key, out] : strings) {
+    if (!n[key]) continue;
+    KVTIER_ASSIGN_OR_RETURN(*out, Str(src, n[key], std::string("serve.") + key));
+  }
+  if (n["events_socket"]) {
+    KVTIER_ASSIGN_OR_RETURN(std::string s, Str(src, n["events_socket"], "serve.events_socket"));
+    if (s == "auto") {
+      e.socket = KvEventsOptions::Socket::kAuto;
+    } else if (s == "bind") {
+      e.socket = KvEventsOptions::Socket::kBind;
+    } else if (s == "connect") {
+      e.socket = KvEventsOptions::Socket::kConnect;
+    } else {
+      return Error(src, n["events_socket"], "serve.events_socket", "want auto, bind or connect");
+    }
+  }
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_replay_batches", 1, 10000000, &e.replay_batches));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_batch_events", 1, 1000000, &e.max_batch_events));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_batch_ms", 0, 60000, &e.batch_interval_ms));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_queue_events", 1, 100000000, &e.queue_events));
+  KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_dp_rank", 0, 65535, &e.data_parallel_rank));
+  if (n["events_media"]) {
+    const YAML::Node& m = n["events_media"];
+    if (!m.IsMap()) return Error(src, m, "serve.events_media", "want a map of tier -> medium");
+    for (const auto& kv : m) {
+      const std::string tier = kv.first.as<std::string>();
+      KVTIER_ASSIGN_OR_RETURN(o->events_media[tier],
+                              Str(src, kv.second, "serve.events_media." + tier));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   ServeOptions o;
-  KVTIER_RETURN_IF_ERROR(CheckKeys(
-      src, n, "serve",
-      {"socket", "group", "socket_mode", "allow_uids", "lease_ms", "metrics_addr", "events_addr",
-       "tenants", "verify_commit", "max_clients", "max_pending", "hello_timeout_ms",
-       "frame_timeout_ms", "max_tenants", "max_tenants_per_uid", "default_max_share"}));
+  KVTIER_RETURN_IF_ERROR(CheckKeys(src, n, "serve",
+                                   {"socket",
+                                    "group",
+                                    "socket_mode",
+                                    "allow_uids",
+                                    "lease_ms",
+                                    "metrics_addr",
+                                    "events_addr",
+                                    "events_socket",
+                                    "events_topic",
+                                    "events_keys_topic_suffix",
+                                    "events_topic_host",
+                                    "events_topic_port",
+                                    "events_replay_addr",
+                                    "events_replay_batches",
+                                    "events_batch_events",
+                                    "events_batch_ms",
+                                    "events_queue_events",
+                                    "events_dp_rank",
+                                    "events_media",
+                                    "tenants",
+                                    "verify_commit",
+                                    "max_clients",
+                                    "max_pending",
+                                    "hello_timeout_ms",
+                                    "frame_timeout_ms",
+                                    "max_tenants",
+                                    "max_tenants_per_uid",
+                                    "default_max_share"}));
   if (n["socket"]) {
     KVTIER_ASSIGN_OR_RETURN(o.socket_path, Str(src, n["socket"], "serve.socket"));
   }
@@ -131,6 +197,7 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
     if (Status st = CheckEventsAddr(o.events_addr); !st.ok())
       return Error(src, n["events_addr"], "serve.events_addr", st.message());
   }
+  KVTIER_RETURN_IF_ERROR(ParseEvents(src, n, &o));
   if (n["verify_commit"]) {
     KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["verify_commit"], "serve.verify_commit"));
     std::optional<bool> b = ParseBoolWord(v);
@@ -282,6 +349,24 @@ Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view
                                    ": write_queue_blocks: 0 makes every commit wait on the lower "
                                    "tiers; the daemon needs a write queue (> 0)");
   return c;
+}
+
+Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache) {
+  cache->events = serve.events;
+  cache->events.endpoint = serve.events_addr;
+  cache->events.media.assign(cache->tiers.size(), "");
+  for (const auto& [tier, medium] : serve.events_media) {
+    bool found = false;
+    for (size_t i = 0; i < cache->tiers.size(); ++i) {
+      const TierSpec& t = cache->tiers[i];
+      if (tier == (t.name.empty() ? t.kind : t.name) || tier == t.kind) {
+        cache->events.media[i] = medium;
+        found = true;
+      }
+    }
+    if (!found) return Status::InvalidArgument("serve.events_media: '" + tier + "' names no tier");
+  }
+  return cache->events.Validate().WithContext("serve.events");
 }
 
 Result<ServeConfig> LoadServeConfigFile(const std::string& path) {

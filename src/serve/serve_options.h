@@ -6,6 +6,7 @@
 #define KVTIER_SRC_SERVE_SERVE_OPTIONS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,10 @@ struct ServeOptions {
   uint32_t lease_ms = 30000;         // pins and reservations not renewed by then are dropped
   std::string metrics_addr;          // HOST:PORT for GET /metrics; empty = off
   std::string events_addr;           // ZeroMQ PUB endpoint for KV events; empty = off
+  // The rest of the publisher's settings (serve.events_*, doc/events.md); its endpoint is
+  // events_addr and its media come from events_media.
+  KvEventsOptions events;
+  std::map<std::string, std::string> events_media;  // tier name or kind -> medium
   std::vector<TenantBinding> tenants;
   // Re-read each committed block and check the client's checksum. Off by default: the client
   // computes the checksum in the same pass as its copy into the arena, and a client that lies
@@ -68,6 +73,9 @@ struct ServeConfig {
 // The embedded default: a host tier of a quarter of the machine's memory (at most 64 GiB, at
 // least 64 MiB), llama-3.1-8b's layout, LRU. *why says how it was sized (for the log).
 ServeConfig DefaultServeConfig(std::string* why);
+// Sets cache->events from serve.events_addr and serve.events_*: InvalidArgument when
+// events_media names no tier of cache.
+Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache);
 // Reads a YAML file: the cache keys (kvtier/config.h) plus an optional `serve:` section.
 Result<ServeConfig> LoadServeConfigFile(const std::string& path);
 Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source);

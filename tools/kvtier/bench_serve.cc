@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <zmq.hpp>
 
 #include "command.h"
 #include "kvtier/client.h"
@@ -222,6 +224,92 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
       }
     }
   }
+  return 0;
+}
+
+// What publishing KV events costs a store at 256 KiB blocks: the same working set stored into a
+// daemon without events and one publishing them (to a subscriber that drains them), taking turns
+// within each repetition; the ratio is the median of the paired ratios.
+int EventsCost(const Opts& o, nlohmann::json* out) {
+  const KvLayout l = *LayoutPreset("llama-3.1-8b", 2);
+  const size_t bb = l.bytes_per_block();
+  const size_t n = std::max<size_t>(*ParseByteSize(o.working_set) / bb, 4);
+  CacheOptions with = HostOnly(l, n, true);
+  const std::string ep =
+      "ipc://" + TempRoot() + "/kvtier-bench-" + std::to_string(getpid()) + ".ev";
+  with.events.endpoint = ep;
+  ChildDaemon off(HostOnly(l, n, true), TempSocket("ev-off"));
+  ChildDaemon on(with, TempSocket("ev-on"));
+  auto c_off = Connect(off, l);
+  auto c_on = Connect(on, l);
+  if (!c_off.ok() || !c_on.ok()) {
+    std::fprintf(stderr, "kvtier bench serve: events: cannot connect\n");
+    return 1;
+  }
+  zmq::context_t ctx;
+  zmq::socket_t sub(ctx, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.set(zmq::sockopt::rcvtimeo, 100);
+  sub.connect(ep);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> messages{0};
+  std::thread drain([&] {
+    zmq::message_t m;
+    while (!stop) {
+      if (sub.recv(m)) messages.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  std::vector<std::byte> src(n * bb);
+  for (size_t i = 0; i < src.size(); i += 4096) src[i] = std::byte(i >> 12);
+  std::vector<BlockKey> keys(n);
+  std::vector<ConstBlock> in(n);
+  for (size_t i = 0; i < n; ++i) in[i] = ConstBlock(src.data() + i * bb, bb);
+  std::vector<double> g_off, g_on, ratio;
+  bool ok = true;
+  // The daemons' CPU over every repetition (the publisher's thread included, after it drained).
+  const double cpu_off0 = off.CpuSeconds(), cpu_on0 = on.CpuSeconds();
+  for (int r = 0; r < o.reps; ++r) {
+    for (size_t i = 0; i < n; ++i) keys[i] = BlockKey{uint64_t(r) + 1, i + 1};
+    auto store = [&](Client& c) {
+      (void)c.Flush();
+      const auto t0 = Clock::now();
+      auto s = c.StoreKeys(keys, in, 0);
+      ok &= s.ok() && s->stored_blocks == n;
+      return n * bb / Seconds(t0) / 1e9;
+    };
+    // Alternate which goes first: neither always finds the caches warm.
+    const bool off_first = r % 2 == 0;
+    const double a = off_first ? store(**c_off) : 0;
+    const double b = store(**c_on);
+    const double a2 = off_first ? a : store(**c_off);
+    g_off.push_back(a2);
+    g_on.push_back(b);
+    ratio.push_back(b / a2);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double gib = double(n * bb) * o.reps / double(1ull << 30);
+  const double cpu_off = (off.CpuSeconds() - cpu_off0) / gib;
+  const double cpu_on = (on.CpuSeconds() - cpu_on0) / gib;
+  stop = true;
+  drain.join();
+  if (!ok || messages.load() == 0) {
+    std::fprintf(stderr, "kvtier bench serve: events: a store failed or no event arrived\n");
+    return 1;
+  }
+  (*out)["events"] = {{"block_bytes", bb},
+                      {"gbps_off", Pct(g_off, 0.5)},
+                      {"gbps_on", Pct(g_on, 0.5)},
+                      {"ratio", Pct(ratio, 0.5)},
+                      {"reps", o.reps},
+                      {"messages", messages.load()},
+                      {"daemon_cpu_s_per_gib_off", cpu_off},
+                      {"daemon_cpu_s_per_gib_on", cpu_on}};
+  if (!o.json)
+    std::printf(
+        "events     store %8s  off %6.2f GB/s  on %6.2f GB/s  ratio %.3f (median of %d paired, "
+        "%llu messages); daemon CPU off %.4f on %.4f s/GiB stored\n",
+        FormatBytes(bb).c_str(), Pct(g_off, 0.5), Pct(g_on, 0.5), Pct(ratio, 0.5), o.reps,
+        (unsigned long long)messages.load(), cpu_off, cpu_on);
   return 0;
 }
 
@@ -487,7 +575,8 @@ KVTIER_REGISTER_COMMAND(
       app->add_flag("--verify-commit", o->verify_commit,
                     "daemon with serve.verify_commit on (store rows)");
       app->add_option("--phases", o->phases,
-                      "which of data,writethrough,lookup,memory to run (default all)");
+                      "which of data,writethrough,lookup,memory,events to run (default all "
+                      "but events)");
       app->add_option("--disk-dir", o->disk_dir,
                       "writethrough: directory for the SSD tier (default $TMPDIR or /tmp)");
       return [o] {
@@ -499,6 +588,7 @@ KVTIER_REGISTER_COMMAND(
         if (rc == 0 && on("writethrough")) rc = WriteThrough(*o, &out);
         if (rc == 0 && on("lookup")) rc = ControlPlane(*o, &out);
         if (rc == 0 && on("memory")) rc = Memory(*o, &out);
+        if (rc == 0 && on("events")) rc = EventsCost(*o, &out);
         if (o->json) std::printf("%s\n", out.dump(2).c_str());
         return rc;
       };

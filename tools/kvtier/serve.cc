@@ -66,13 +66,14 @@ Result<std::unique_ptr<MetricsServer>> StartMetrics(std::string addr, serve::Ser
 }
 
 struct ServeFlags {
-  std::string config, socket, metrics, log_level;
+  std::string config, socket, metrics, events, log_level;
   bool log_json = false;
 };
 
 int RunServe(const ServeFlags& flags) {
   const std::string& config = flags.config;
   const std::string& socket = flags.socket;
+  const std::string& events = flags.events;
   // First, so that every line (a bad config's too) has the asked level and format.
   if (Status st = ConfigureLogging(flags.log_level, flags.log_json); !st.ok()) {
     spdlog::error("kvtier serve: --log-level: {}", st.message());
@@ -85,6 +86,7 @@ int RunServe(const ServeFlags& flags) {
   }
   if (!socket.empty()) cfg->serve.socket_path = socket;
   if (!flags.metrics.empty()) cfg->serve.metrics_addr = flags.metrics;
+  if (!events.empty()) cfg->serve.events_addr = events;
   if (Status st = cfg->serve.Validate(); !st.ok()) {
     spdlog::error("kvtier serve: serve.{}", st.message());
     return 2;
@@ -99,24 +101,20 @@ int RunServe(const ServeFlags& flags) {
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaction(s, &sa, nullptr);
-  std::unique_ptr<EventPublisher> events;
-  if (!cfg->serve.events_addr.empty()) {
-    std::vector<std::string> names;
-    for (const TierSpec& t : cfg->cache.tiers) names.push_back(t.name.empty() ? t.kind : t.name);
-    auto p = EventPublisher::Start(cfg->serve.events_addr, cfg->cache.layout.block_tokens, names);
-    if (!p.ok()) {
-      spdlog::error("kvtier serve: serve.events_addr: {}", p.status().message());
-      return 1;
-    }
-    events = std::move(p).value();
-    EventPublisher* raw = events.get();
-    cfg->cache.on_event = [raw](const KvEvent& e) { raw->Publish(e); };
-    spdlog::info("kvtier serve: KV events on {}", events->endpoint());
+  if (Status st = serve::ApplyEventOptions(cfg->serve, &cfg->cache); !st.ok()) {
+    spdlog::error("kvtier serve: {}", st.message());
+    return 2;
   }
   auto server = serve::Server::Start(cfg->cache, cfg->serve);
   if (!server.ok()) {
     spdlog::error("kvtier serve: {}", server.status().message());
     return 1;
+  }
+  if (const KvEventsInfo e = (*server)->cache().events_info(); !e.endpoint.empty()) {
+    spdlog::info("kvtier serve: KV events on {} topic '{}' (kvtier keys: '{}')", e.endpoint,
+                 e.topic, e.keys_topic);
+    if (!e.replay_endpoint.empty())
+      spdlog::info("kvtier serve: KV event replay on {}", e.replay_endpoint);
   }
   std::unique_ptr<MetricsServer> http;
   if (!cfg->serve.metrics_addr.empty()) {
@@ -151,6 +149,7 @@ int RunServe(const ServeFlags& flags) {
         continue;
       }
       if (!socket.empty()) again->serve.socket_path = socket;
+      if (!events.empty()) again->serve.events_addr = events;
       for (const std::string& line : (*server)->Reload(again->cache, again->serve))
         spdlog::warn("kvtier serve: SIGHUP: {}", line);
       spdlog::info("kvtier serve: SIGHUP: reloaded {}", config);
@@ -160,8 +159,7 @@ int RunServe(const ServeFlags& flags) {
     (void)serve::NotifySystemd("STOPPING=1");
     http.reset();
     (*server)->Stop();
-    server->reset();
-    events.reset();  // after the server: its last events are sent first
+    server->reset();  // its Cache's publisher sends the last events as it goes
     spdlog::info("kvtier serve: stopped");
     return 0;
   }
@@ -184,6 +182,8 @@ RunFn SetupServe(CLI::App* app) {
   app->add_option("--socket", f->socket, "Unix socket path (default " + DefaultSocketPath() + ")");
   app->add_option("--metrics-addr", f->metrics,
                   "HOST:PORT for GET /metrics (overrides the config)");
+  app->add_option("--events", f->events,
+                  "ZeroMQ endpoint for KV events, vLLM's format (overrides serve.events_addr)");
   app->add_option("--log-level", f->log_level,
                   "trace, debug, info (default), warn, error, critical or off");
   app->add_flag("--log-json", f->log_json,

@@ -1,10 +1,8 @@
-// What `kvtier serve` exports besides its socket: GET /metrics in the Prometheus text format
-// (cpp-httplib) and KV events on a ZeroMQ PUB socket as msgpack shaped like vLLM's KV events
-// (cppzmq, msgpack-cxx). They live in the CLI, not the library, so libkvtier's users do not
-// inherit an HTTP server and ZeroMQ.
+// What `kvtier serve` exports besides its socket and KV events (those are the library's,
+// src/events): GET /metrics in the Prometheus text format (cpp-httplib). It lives in the CLI,
+// not the library, so libkvtier's users do not inherit an HTTP server.
 //
-// Thread-safety: EventPublisher::Publish may be called from any thread (it is the Cache's
-// event callback); each class runs one thread of its own.
+// Thread-safety: MetricsServer runs one thread of its own.
 #ifndef KVTIER_TOOLS_SERVE_EXPORT_H_
 #define KVTIER_TOOLS_SERVE_EXPORT_H_
 
@@ -12,7 +10,6 @@
 #include <memory>
 #include <string>
 
-#include "kvtier/events.h"
 #include "kvtier/status.h"
 
 namespace kvtier::cli {
@@ -28,27 +25,6 @@ class MetricsServer {
 
  private:
   explicit MetricsServer(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
-};
-
-// Publishes every KvEvent in sequence order, without gaps, as a 3-frame message
-// [topic "kv-events", u64 big-endian seq, msgpack [ts, [event], null]] where event is
-// ["BlockStored", [key], null, [], block_tokens, null, tier] or ["BlockRemoved", [key], tier]
-// (keys as 16-byte big-endian binaries).
-class EventPublisher {
- public:
-  // endpoint: a ZeroMQ endpoint ("tcp://127.0.0.1:5557"; "tcp://127.0.0.1:*" binds any port).
-  static Result<std::unique_ptr<EventPublisher>> Start(const std::string& endpoint,
-                                                       uint32_t block_tokens,
-                                                       std::vector<std::string> tier_names);
-  ~EventPublisher();
-  void Publish(const KvEvent& e);
-  // The bound endpoint (with the real port).
-  std::string endpoint() const;
-  class Impl;
-
- private:
-  explicit EventPublisher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
