@@ -47,6 +47,9 @@ nb::dict StatsDict(const CacheStats& s, const ServeCounters* serve) {
     nb::dict counters;  // the kind's own (remote: breaker_opens, timeouts, corruptions, ...)
     for (const auto& c : t.tier.counters) counters[c.name.c_str()] = c.value;
     d["counters"] = counters;
+    for (const StatHistogram& h : StatHistograms())
+      if (h.scope == StatScope::kTier)
+        d[std::string(h.name).c_str()] = HistogramDict(HistogramValue(h, t));
     tiers.append(d);
   }
   nb::dict d;
@@ -56,9 +59,9 @@ nb::dict StatsDict(const CacheStats& s, const ServeCounters* serve) {
     if (f.scope == StatScope::kServe && serve != nullptr)
       d[std::string(f.name).c_str()] = StatValue(f, *serve);
   }
-  d["lookup_latency_ns"] = HistogramDict(s.lookup_latency_ns);
-  d["load_latency_ns"] = HistogramDict(s.load_latency_ns);
-  d["store_latency_ns"] = HistogramDict(s.store_latency_ns);
+  for (const StatHistogram& h : StatHistograms())
+    if (h.scope == StatScope::kCache)
+      d[std::string(h.name).c_str()] = HistogramDict(HistogramValue(h, s));
   return d;
 }
 

@@ -10,8 +10,8 @@
 
 namespace kvtier {
 
-// Every cache field by name, "tiers" (a list: name, kind, every tier field, "counters"), the
-// latency histograms' summaries, and the daemon's fields when serve is not null.
+// Every cache field by name, "tiers" (a list: name, kind, every tier field, "counters", its
+// histograms), the histograms' summaries, and the daemon's fields when serve is not null.
 nanobind::dict StatsDict(const CacheStats& s, const ServeCounters* serve = nullptr);
 // kvtier.stat_fields(): the schema itself, one dict per field.
 void RegisterStats(nanobind::module_& m);

@@ -24,6 +24,8 @@ def check_cache_keys(s):
     for tier in s["tiers"]:
         for name in names("tier"):
             assert name in tier, (tier["name"], name)
+        assert "count" in tier["get_latency_ns"] and "p99" in tier["put_latency_ns"]
+    assert "p50" in s["lookup_latency_ns"]  # the histograms, summarised
 
 
 def test_the_schema_lists_every_scope_with_its_metric():

@@ -98,20 +98,14 @@ std::string PrometheusText(const CacheStats& s, const ServeCounters* serve) {
       }
     }
   }
-  Header(&out, "kvtier_tier_get_latency_seconds", "histogram", "Latency of batched tier reads");
-  for (const auto& t : s.tiers)
-    Histo(&out, "kvtier_tier_get_latency_seconds", "tier=\"" + Escape(t.name) + "\"",
-          t.tier.get_latency_ns);
-  Header(&out, "kvtier_tier_put_latency_seconds", "histogram", "Latency of batched tier writes");
-  for (const auto& t : s.tiers)
-    Histo(&out, "kvtier_tier_put_latency_seconds", "tier=\"" + Escape(t.name) + "\"",
-          t.tier.put_latency_ns);
-  Header(&out, "kvtier_lookup_latency_seconds", "histogram", "Lookup latency");
-  Histo(&out, "kvtier_lookup_latency_seconds", "", s.lookup_latency_ns);
-  Header(&out, "kvtier_load_latency_seconds", "histogram", "Load latency");
-  Histo(&out, "kvtier_load_latency_seconds", "", s.load_latency_ns);
-  Header(&out, "kvtier_store_latency_seconds", "histogram", "Store latency");
-  Histo(&out, "kvtier_store_latency_seconds", "", s.store_latency_ns);
+  for (const StatHistogram& h : StatHistograms()) {
+    const std::string name(h.metric);
+    Header(&out, name.c_str(), "histogram", std::string(h.help).c_str());
+    if (h.scope == StatScope::kCache) Histo(&out, name.c_str(), "", HistogramValue(h, s));
+    if (h.scope != StatScope::kTier) continue;
+    for (const auto& t : s.tiers)
+      Histo(&out, name.c_str(), "tier=\"" + Escape(t.name) + "\"", HistogramValue(h, t));
+  }
   return out;
 }
 

@@ -113,9 +113,31 @@ constexpr std::array kStatFields = {
           [](ServeCounters* c) { return &c->corrupt_blocks; }),
 };
 
+constexpr std::array kStatHistograms = {
+    StatHistogram{"lookup_latency_ns", StatScope::kCache, "kvtier_lookup_latency_seconds",
+                  "Lookup latency", [](CacheStats* s) { return &s->lookup_latency_ns; }},
+    StatHistogram{"load_latency_ns", StatScope::kCache, "kvtier_load_latency_seconds",
+                  "Load latency", [](CacheStats* s) { return &s->load_latency_ns; }},
+    StatHistogram{"store_latency_ns", StatScope::kCache, "kvtier_store_latency_seconds",
+                  "Store latency", [](CacheStats* s) { return &s->store_latency_ns; }},
+    StatHistogram{"get_latency_ns", StatScope::kTier, "kvtier_tier_get_latency_seconds",
+                  "Latency of batched tier reads", nullptr,
+                  [](PerTier* t) { return &t->tier.get_latency_ns; }},
+    StatHistogram{"put_latency_ns", StatScope::kTier, "kvtier_tier_put_latency_seconds",
+                  "Latency of batched tier writes", nullptr,
+                  [](PerTier* t) { return &t->tier.put_latency_ns; }},
+};
+
 }  // namespace
 
 std::span<const StatField> StatFields() { return kStatFields; }
+std::span<const StatHistogram> StatHistograms() { return kStatHistograms; }
+
+const StatHistogram* FindStatHistogram(StatScope scope, std::string_view name) {
+  for (const StatHistogram& h : kStatHistograms)
+    if (h.scope == scope && h.name == name) return &h;
+  return nullptr;
+}
 
 const StatField* FindStatField(StatScope scope, std::string_view name) {
   for (const StatField& f : kStatFields)
@@ -132,6 +154,13 @@ uint64_t StatValue(const StatField& f, const CacheStats::PerTier& t) {
 }
 uint64_t StatValue(const StatField& f, const ServeCounters& c) {
   return *f.serve(const_cast<ServeCounters*>(&c));
+}
+
+const Histogram::Snapshot& HistogramValue(const StatHistogram& h, const CacheStats& s) {
+  return *h.cache(const_cast<CacheStats*>(&s));
+}
+const Histogram::Snapshot& HistogramValue(const StatHistogram& h, const CacheStats::PerTier& t) {
+  return *h.tier(const_cast<CacheStats::PerTier*>(&t));
 }
 
 std::vector<std::pair<std::string, uint64_t>> FlatStats(const CacheStats& s,

@@ -4,8 +4,8 @@
 // copying fields by hand, so a field added here reaches all of them (stats_schema_test checks
 // that it does). doc/serve.md lists the fields.
 //
-// Not in it: latency histograms (not scalars; /metrics renders them, Python summarises them) and
-// a tier's own counters (TierStats::counters: they describe themselves and travel by name).
+// The latency histograms have a table of their own (StatHistograms); a tier's own counters
+// (TierStats::counters) are not listed: they describe themselves and travel by name.
 //
 // Thread-safety: the table is immutable and the functions are pure.
 #ifndef KVTIER_SRC_OBS_STATS_SCHEMA_H_
@@ -44,15 +44,32 @@ struct StatField {
   uint64_t* (*serve)(ServeCounters*) = nullptr;
 };
 
+// A latency histogram, by the same rules (scope kCache or kTier).
+struct StatHistogram {
+  std::string_view name;  // the key on the wire and in Python
+  StatScope scope;
+  std::string_view metric;  // the Prometheus name (seconds)
+  std::string_view help;
+  Histogram::Snapshot* (*cache)(CacheStats*) = nullptr;
+  Histogram::Snapshot* (*tier)(CacheStats::PerTier*) = nullptr;
+};
+
 // Every field, cache scope first, then tier, then serve.
 std::span<const StatField> StatFields();
 // The field of `scope` called `name`; nullptr when there is none.
 const StatField* FindStatField(StatScope scope, std::string_view name);
 
+std::span<const StatHistogram> StatHistograms();
+const StatHistogram* FindStatHistogram(StatScope scope, std::string_view name);
+
 // A field's value (the field's scope must match the argument's).
 uint64_t StatValue(const StatField& f, const CacheStats& s);
 uint64_t StatValue(const StatField& f, const CacheStats::PerTier& t);
 uint64_t StatValue(const StatField& f, const ServeCounters& c);
+
+// A histogram's snapshot (the histogram's scope must match the argument's).
+const Histogram::Snapshot& HistogramValue(const StatHistogram& h, const CacheStats& s);
+const Histogram::Snapshot& HistogramValue(const StatHistogram& h, const CacheStats::PerTier& t);
 
 // Every scalar as one flat list of (name, value), the C API's view: cache fields by name,
 // tier fields and tier counters as "tier.<tier name>.<field>", and the daemon's fields by name

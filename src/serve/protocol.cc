@@ -404,7 +404,7 @@ Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view wh
   return r.Done(what);
 }
 
-// Every field travels as {name, value}, from the stats schema, so that a field added to it is
+// Every field and histogram travels by name, from the stats schema, so that one added to it is
 // on the wire at once and a reader skips the names it does not know (doc/protocol.md).
 namespace {
 
@@ -437,6 +437,51 @@ bool DecodeFields(Reader* r, StatScope scope, T* into, uint64_t* (*StatField::*a
   return true;
 }
 
+// {str name, u64 count, u64 sum, u64 max, u32 n, n x {u16 bucket, u64 count}} per histogram of
+// `scope`, only the buckets that counted something.
+void EncodeHistograms(StatScope scope, const auto& from, Writer* w) {
+  uint32_t n = 0;
+  for (const StatHistogram& h : StatHistograms()) n += h.scope == scope;
+  w->U32(n);
+  for (const StatHistogram& h : StatHistograms()) {
+    if (h.scope != scope) continue;
+    const Histogram::Snapshot& v = HistogramValue(h, from);
+    w->Str(h.name);
+    w->U64(v.count);
+    w->U64(v.sum);
+    w->U64(v.max);
+    uint32_t used = 0;
+    for (uint64_t c : v.counts) used += c != 0;
+    w->U32(used);
+    for (int b = 0; b < Histogram::kBuckets; ++b) {
+      if (v.counts[b] == 0) continue;
+      w->U16(static_cast<uint16_t>(b));
+      w->U64(v.counts[b]);
+    }
+  }
+}
+
+template <typename T>
+bool DecodeHistograms(Reader* r, StatScope scope, T* into,
+                      Histogram::Snapshot* (*StatHistogram::*at)(T*)) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 4 + 3 * 8 + 4) || n > kMaxStatFields) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name;
+    Histogram::Snapshot v;
+    uint32_t used = 0;
+    if (!r->Str(&name, kMaxStatName) || !r->U64(&v.count) || !r->U64(&v.sum) || !r->U64(&v.max) ||
+        !r->Count(&used, 2 + 8))
+      return false;
+    for (uint32_t j = 0; j < used; ++j) {
+      uint16_t b = 0;
+      if (!r->U16(&b) || b >= Histogram::kBuckets || !r->U64(&v.counts[b])) return false;
+    }
+    if (const StatHistogram* h = FindStatHistogram(scope, name)) *(h->*at)(into) = v;
+  }
+  return true;
+}
+
 bool ValidCounterName(std::string_view name) {
   if (name.empty()) return false;
   for (char c : name)
@@ -449,6 +494,7 @@ bool ValidCounterName(std::string_view name) {
 void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w) {
   EncodeFields(StatScope::kServe, c, w);
   EncodeFields(StatScope::kCache, s, w);
+  EncodeHistograms(StatScope::kCache, s, w);
   w->U32(static_cast<uint32_t>(s.tiers.size()));
   for (const auto& t : s.tiers) {
     w->Str(t.name);
@@ -461,6 +507,7 @@ void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w) {
       w->U8(k.gauge ? 1 : 0);
       w->U64(k.value);
     }
+    EncodeHistograms(StatScope::kTier, t, w);
   }
 }
 
@@ -491,6 +538,7 @@ Status DecodeStatsTier(Reader* r, CacheStats::PerTier* t, bool* ok) {
     c.gauge = gauge != 0;
     t->tier.counters.push_back(std::move(c));
   }
+  *ok = *ok && DecodeHistograms(r, StatScope::kTier, t, &StatHistogram::tier);
   return Status::Ok();
 }
 
@@ -499,7 +547,9 @@ Status DecodeStatsTier(Reader* r, CacheStats::PerTier* t, bool* ok) {
 Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
   uint32_t n = 0;
   bool ok = DecodeFields(r, StatScope::kServe, c, &StatField::serve) &&
-            DecodeFields(r, StatScope::kCache, s, &StatField::cache) && r->Count(&n, 4 + 1 + 4 + 4);
+            DecodeFields(r, StatScope::kCache, s, &StatField::cache) &&
+            DecodeHistograms(r, StatScope::kCache, s, &StatHistogram::cache) &&
+            r->Count(&n, 4 + 1 + 4 + 4 + 4);
   if (ok && n > kMaxStatTiers)
     return Status::InvalidArgument("stats reply: " + std::to_string(n) + " tiers (at most " +
                                    std::to_string(kMaxStatTiers) + ")");

@@ -48,6 +48,15 @@ TEST(StatusFormatTest, EveryFieldIsAJsonKey) {
   EXPECT_EQ(j.at("tiers").at(1).at("counters").at("degraded"), 1);
   EXPECT_EQ(j.at("protocol_errors").get<uint64_t>(), d.disconnects);  // the key it always had
   EXPECT_TRUE(j.contains("hit_rate"));
+  for (const StatHistogram& h : StatHistograms()) {
+    const std::string n(h.name);
+    if (h.scope == StatScope::kCache) {
+      EXPECT_TRUE(j.at(n).contains("p99")) << n;
+    }
+    if (h.scope == StatScope::kTier) {
+      EXPECT_TRUE(j.at("tiers").at(1).at(n).contains("count")) << n;
+    }
+  }
 }
 
 TEST(StatusFormatTest, EveryFieldIsInTheText) {

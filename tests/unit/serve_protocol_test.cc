@@ -53,6 +53,7 @@ TEST(ServeProtocolTest, StatsReplySkipsFieldsItDoesNotKnow) {
   w.U32(1);  // the cache's
   w.Str("hit_blocks");
   w.U64(5);
+  w.U32(0);  // the cache's histograms
   w.U32(0);  // tiers
   Reader r(w.buffer());
   CacheStats s;

@@ -1,5 +1,6 @@
 // The stats schema (src/obs/stats_schema.h): well formed, and every field of it reaches every
-// surface that reports stats: the wire (encode, decode), /metrics, and the C API's flat view.
+// surface that reports stats: the wire (encode, decode), /metrics, and the C API's flat view;
+// every histogram the wire and /metrics.
 // `kvtier status` is checked in tests/cli/status_format_test.cc, the Python dict in
 // python/tests/test_stats.py, the C API itself in tests/install/c_consumer.
 #include "obs/stats_schema.h"
@@ -45,7 +46,21 @@ TEST(StatsSchemaTest, FieldsAreWellFormedAndTheirNamesUnique) {
   EXPECT_EQ(FindStatField(StatScope::kCache, "no_such_field"), nullptr);
 }
 
-// Stats in which every schema field has its own value, and two tiers with their own counters.
+// A histogram of its own: v samples of v ns, and one of 2v.
+void Fill(Histogram::Snapshot* h, uint64_t v) {
+  h->counts[Histogram::BucketOf(v)] = v;
+  h->counts[Histogram::BucketOf(2 * v)] += 1;
+  h->count = v + 1;
+  h->sum = v * v + 2 * v;
+  h->max = 2 * v;
+}
+
+bool Same(const Histogram::Snapshot& a, const Histogram::Snapshot& b) {
+  return a.counts == b.counts && a.count == b.count && a.sum == b.sum && a.max == b.max;
+}
+
+// Stats in which every schema field and histogram has its own value, and two tiers with their
+// own counters.
 struct Distinct {
   CacheStats cache;
   ServeCounters serve;
@@ -57,6 +72,11 @@ struct Distinct {
     cache.tiers[1].tier.counters = {{"degraded", "1 while in trouble", 1, true},
                                     {"disk_space_evictions", "Segments evicted early", 77}};
     uint64_t v = 1000;
+    for (const StatHistogram& h : StatHistograms()) {
+      if (h.scope == StatScope::kCache) Fill(h.cache(&cache), ++v);
+      if (h.scope != StatScope::kTier) continue;
+      for (auto& t : cache.tiers) Fill(h.tier(&t), ++v);
+    }
     for (const StatField& f : StatFields()) {
       if (f.scope == StatScope::kCache) *f.cache(&cache) = ++v;
       if (f.scope == StatScope::kServe) *f.serve(&serve) = ++v;
@@ -87,6 +107,15 @@ TEST(StatsSchemaTest, EveryFieldCrossesTheWire) {
     for (size_t i = 0; i < 2; ++i)
       EXPECT_EQ(StatValue(f, out.tiers[i]), StatValue(f, in.cache.tiers[i]));
   }
+  for (const StatHistogram& h : StatHistograms()) {
+    SCOPED_TRACE(std::string(h.name));
+    if (h.scope == StatScope::kCache) {
+      EXPECT_TRUE(Same(HistogramValue(h, out), HistogramValue(h, in.cache)));
+    }
+    if (h.scope != StatScope::kTier) continue;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_TRUE(Same(HistogramValue(h, out.tiers[i]), HistogramValue(h, in.cache.tiers[i])));
+  }
   EXPECT_EQ(out.tiers[1].name, in.cache.tiers[1].name);
   EXPECT_EQ(out.tiers[1].kind, TierKind::kDisk);
   ASSERT_EQ(out.tiers[1].tier.counters.size(), 2u);
@@ -115,6 +144,17 @@ TEST(StatsSchemaTest, EveryFieldIsOnMetrics) {
     EXPECT_TRUE(has(m + "{tier=\"dram\"} " + std::to_string(StatValue(f, in.cache.tiers[0]))));
     EXPECT_TRUE(
         has(m + "{tier=\"ssd \\\"a\\\"\"} " + std::to_string(StatValue(f, in.cache.tiers[1]))));
+  }
+  for (const StatHistogram& h : StatHistograms()) {
+    SCOPED_TRACE(std::string(h.name));
+    const std::string m(h.metric);
+    EXPECT_TRUE(has("# TYPE " + m + " histogram"));
+    if (h.scope == StatScope::kCache) {
+      EXPECT_TRUE(has(m + "_count " + std::to_string(HistogramValue(h, in.cache).count)));
+    }
+    if (h.scope != StatScope::kTier) continue;
+    EXPECT_TRUE(has(m + "_count{tier=\"dram\"} " +
+                    std::to_string(HistogramValue(h, in.cache.tiers[0]).count)));
   }
   EXPECT_TRUE(has("kvtier_tier_degraded{tier=\"ssd \\\"a\\\"\"} 1"));
   EXPECT_TRUE(has("kvtier_tier_disk_space_evictions_total{tier=\"ssd \\\"a\\\"\"} 77"));

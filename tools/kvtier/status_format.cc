@@ -18,6 +18,15 @@ void Field(std::string* out, size_t* col, std::string_view name, uint64_t value)
   *col += item.size();
 }
 
+// A histogram's summary: samples, mean and tail, in nanoseconds.
+nlohmann::json HistogramJson(const Histogram::Snapshot& h) {
+  return {{"count", h.count},
+          {"mean", h.Mean()},
+          {"p50", h.Percentile(0.5)},
+          {"p99", h.Percentile(0.99)},
+          {"max", h.max}};
+}
+
 }  // namespace
 
 nlohmann::json StatusJson(const DaemonStatus& d) {
@@ -27,6 +36,8 @@ nlohmann::json StatusJson(const DaemonStatus& d) {
     if (f.scope == StatScope::kServe) j[std::string(f.name)] = StatValue(f, d);
     if (f.scope == StatScope::kCache) j[std::string(f.name)] = StatValue(f, s);
   }
+  for (const StatHistogram& h : StatHistograms())
+    if (h.scope == StatScope::kCache) j[std::string(h.name)] = HistogramJson(HistogramValue(h, s));
   j["hit_rate"] = s.lookup_blocks ? static_cast<double>(s.hit_blocks) / s.lookup_blocks : 0.0;
   j["tiers"] = nlohmann::json::array();
   for (const auto& t : s.tiers) {
@@ -37,6 +48,9 @@ nlohmann::json StatusJson(const DaemonStatus& d) {
       if (f.scope == StatScope::kTier) tj[std::string(f.name)] = StatValue(f, t);
     tj["counters"] = nlohmann::json::object();
     for (const auto& c : t.tier.counters) tj["counters"][c.name] = c.value;
+    for (const StatHistogram& h : StatHistograms())
+      if (h.scope == StatScope::kTier)
+        tj[std::string(h.name)] = HistogramJson(HistogramValue(h, t));
     j["tiers"].push_back(tj);
   }
   return j;

@@ -11,8 +11,9 @@
 
 namespace kvtier::cli {
 
-// Every daemon and cache field by its schema name, "hit_rate", and "tiers": one object per tier
-// with "name", "kind", every tier field and "counters" (the tier's own, by name).
+// Every daemon and cache field by its schema name, each histogram's summary (count, mean, p50,
+// p99, max in ns), "hit_rate", and "tiers": one object per tier with "name", "kind", every tier
+// field, its histograms and "counters" (the tier's own, by name).
 nlohmann::json StatusJson(const DaemonStatus& d);
 // A summary (clients, hit rate, each tier's occupancy), then every field as name=value.
 std::string StatusText(const DaemonStatus& d);
