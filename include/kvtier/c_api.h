@@ -165,8 +165,19 @@ typedef enum kvtier_session_event {
 KVTIER_C_EXPORT kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,
                                                   kvtier_session_event event);
 
-/* The cache's counters. */
+/* The cache's main counters (kvtier_cache_stat reaches every one). */
 KVTIER_C_EXPORT kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out);
+
+/* One stat by name (doc/c_api.md): a cache field ("hit_blocks"), a tier's
+ * ("tier.<tier name>.<field>", the tier's own counters too, e.g. "tier.ssd.degraded") and, for a
+ * daemon's client, the daemon's own ("clients"). NOT_FOUND for a name this cache does not report;
+ * UNAVAILABLE when a client cannot reach its daemon. Each call takes a fresh snapshot (through a
+ * client, one round trip). */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_stat(const kvtier_cache* cache, const char* name,
+                                              uint64_t* value);
+/* Every name kvtier_cache_stat takes for this cache, separated by '\n'. *names is owned by the
+ * library and valid until the calling thread's next kvtier_cache_stat_names call. */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_stat_names(const kvtier_cache* cache, const char** names);
 
 #ifdef __cplusplus
 }

@@ -78,10 +78,11 @@ struct TierStats {
   // What only some kinds count (the remote tier: breaker opens, deadline hits, corrupt values
   // dropped, ...), exported as kvtier_tier_<name>_total in /metrics; a gauge (a level, such as
   // "degraded": 1 while the tier is in trouble) as kvtier_tier_<name>.
+  // Strings, not static pointers: a daemon's client decodes them off the wire by name.
   struct Counter {
-    const char* name;  // a static string: [a-z_]+
-    const char* help;  // a static string
-    uint64_t value;
+    std::string name;  // [a-z_]+
+    std::string help;
+    uint64_t value = 0;
     bool gauge = false;
   };
   std::vector<Counter> counters;

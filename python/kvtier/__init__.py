@@ -40,6 +40,7 @@ from kvtier._kvtier import (  # noqa: F401
     layout_preset,
     layout_preset_names,
     scatter_pages,
+    stat_fields,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "open_cache",
     "parse_bytes",
     "scatter_pages",
+    "stat_fields",
 ]
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,

@@ -33,6 +33,7 @@
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
+#include "stats.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -131,59 +132,6 @@ std::vector<Span> Blocks(nb::handle buffers, uint64_t block_bytes, const char* w
 
 RequestOptions Request(const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
   return RequestOptions{tenant, lora_id, session_id};
-}
-
-nb::dict HistogramDict(const Histogram::Snapshot& h) {
-  nb::dict d;
-  d["count"] = h.count;
-  d["sum"] = h.sum;
-  d["max"] = h.max;
-  d["mean"] = h.Mean();
-  d["p50"] = h.Percentile(0.5);
-  d["p99"] = h.Percentile(0.99);
-  return d;
-}
-
-nb::dict StatsDict(const CacheStats& s) {
-  nb::list tiers;
-  for (const auto& t : s.tiers) {
-    nb::dict d;
-    d["name"] = t.name;
-    d["kind"] = std::string(TierKindName(t.kind));
-    d["resident_blocks"] = t.resident_blocks;
-    d["hit_blocks"] = t.hit_blocks;
-    d["evictions"] = t.evictions;
-    d["writebacks"] = t.writebacks;
-    d["rejected"] = t.rejected;
-    d["corruptions"] = t.corruptions;
-    d["puts"] = t.tier.puts;
-    d["put_bytes"] = t.tier.put_bytes;
-    d["put_failures"] = t.tier.put_failures;
-    d["gets"] = t.tier.gets;
-    d["hits"] = t.tier.hits;
-    d["misses"] = t.tier.misses;
-    d["get_failures"] = t.tier.get_failures;
-    d["get_bytes"] = t.tier.get_bytes;
-    d["used_bytes"] = t.tier.used_bytes;
-    d["capacity_bytes"] = t.tier.capacity_bytes;
-    nb::dict counters;  // the kind's own (remote: breaker_opens, timeouts, corruptions, ...)
-    for (const auto& c : t.tier.counters) counters[c.name] = c.value;
-    d["counters"] = counters;
-    tiers.append(d);
-  }
-  nb::dict d;
-  d["tiers"] = tiers;
-  d["lookups"] = s.lookups;
-  d["lookup_blocks"] = s.lookup_blocks;
-  d["hit_blocks"] = s.hit_blocks;
-  d["loads"] = s.loads;
-  d["load_failed_blocks"] = s.load_failed_blocks;
-  d["stores"] = s.stores;
-  d["stored_blocks"] = s.stored_blocks;
-  d["lookup_latency_ns"] = HistogramDict(s.lookup_latency_ns);
-  d["load_latency_ns"] = HistogramDict(s.load_latency_ns);
-  d["store_latency_ns"] = HistogramDict(s.store_latency_ns);
-  return d;
 }
 
 // ---- Paged KV: an engine's per-layer paged tensors <-> kvtier blocks (kvtier.gather_pages).
@@ -374,6 +322,7 @@ NB_MODULE(_kvtier, m) {
   // Engine integrations keep one cache per process until exit (kvtier.backends); nanobind's
   // report of objects alive at interpreter exit would only be noise in engines' logs.
   nb::set_leak_warnings(false);
+  RegisterStats(m);
 
   // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
   PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);
@@ -799,6 +748,16 @@ NB_MODULE(_kvtier, m) {
              d["expired_loads"] = s.expired_loads;
              d["corrupt_blocks"] = s.corrupt_blocks;
              return d;
+           })
+      .def("daemon_stats",
+           [](Client& c) {
+             Result<DaemonStatus> d = Status::Internal("unset");
+             {
+               nb::gil_scoped_release release;
+               d = c.GetDaemonStatus();
+             }
+             const DaemonStatus s = Take(std::move(d));
+             return StatsDict(s.cache, &s);
            })
       .def("flush", [](Client& c) {
         Result<uint64_t> r = Status::Internal("unset");

@@ -7,12 +7,14 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvtier/cache.h"
 #include "kvtier/client.h"
 #include "kvtier/config.h"
 #include "kvtier/kv_cache.h"
+#include "obs/stats_schema.h"
 
 struct kvtier_cache {
   std::unique_ptr<kvtier::KvCache> impl;
@@ -25,6 +27,7 @@ struct kvtier_lookup {
 namespace {
 
 thread_local std::string last_error;
+thread_local std::string stat_names;  // kvtier_cache_stat_names' last list
 
 kvtier_code CodeOf(kvtier::StatusCode code) {
   switch (code) {
@@ -69,6 +72,18 @@ kvtier_code Guard(const char* what, Fn&& fn) {
   } catch (...) {
     return Fail(KVTIER_INTERNAL, std::string(what) + ": unknown exception");
   }
+}
+
+// Every stat of the cache by name (obs/stats_schema.h); a daemon's client adds the daemon's own.
+// Unavailable when a client cannot reach its daemon.
+kvtier::Result<std::vector<std::pair<std::string, uint64_t>>> FlatStatsOf(
+    const kvtier_cache* cache) {
+  if (auto* client = dynamic_cast<kvtier::Client*>(cache->impl.get())) {
+    kvtier::Result<kvtier::DaemonStatus> d = client->GetDaemonStatus();
+    if (!d.ok()) return d.status();
+    return kvtier::FlatStats(d->cache, &*d);
+  }
+  return kvtier::FlatStats(cache->impl->stats(), nullptr);
 }
 
 kvtier::RequestOptions ToRequest(const kvtier_request* r) {
@@ -281,6 +296,35 @@ kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out) {
     kvtier::CacheStats s = cache->impl->stats();
     *out = kvtier_stats{s.lookups, s.lookup_blocks, s.hit_blocks, s.loads, s.load_failed_blocks,
                         s.stores,  s.stored_blocks};
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_cache_stat(const kvtier_cache* cache, const char* name, uint64_t* value) {
+  return Guard("kvtier_cache_stat", [&] {
+    if (cache == nullptr || name == nullptr || value == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_stat: cache, name or value is NULL");
+    auto stats = FlatStatsOf(cache);
+    if (!stats.ok()) return Report(stats.status());
+    for (const auto& [n, v] : *stats) {
+      if (n != name) continue;
+      *value = v;
+      return KVTIER_OK;
+    }
+    return Fail(KVTIER_NOT_FOUND, std::string("kvtier_cache_stat: no stat named '") + name +
+                                      "' (kvtier_cache_stat_names lists them)");
+  });
+}
+
+kvtier_code kvtier_cache_stat_names(const kvtier_cache* cache, const char** names) {
+  return Guard("kvtier_cache_stat_names", [&] {
+    if (cache == nullptr || names == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_stat_names: cache or names is NULL");
+    auto stats = FlatStatsOf(cache);
+    if (!stats.ok()) return Report(stats.status());
+    stat_names.clear();
+    for (const auto& [n, v] : *stats) stat_names += (stat_names.empty() ? "" : "\n") + n;
+    *names = stat_names.c_str();
     return KVTIER_OK;
   });
 }

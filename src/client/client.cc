@@ -630,14 +630,7 @@ Result<DaemonStatus> Client::GetDaemonStatus() {
   Reader rd(reply);
   KVTIER_RETURN_IF_ERROR(Impl::ReplyStatus(&rd));
   DaemonStatus d;
-  serve::ServeCounters c;
-  KVTIER_RETURN_IF_ERROR(serve::DecodeStatsReply(&rd, &d.cache, &c));
-  d.pid = c.pid;
-  d.clients = c.clients;
-  d.leases = c.leases;
-  d.reservations = c.reservations;
-  d.refused = c.refused;
-  d.disconnects = c.disconnects;
+  KVTIER_RETURN_IF_ERROR(serve::DecodeStatsReply(&rd, &d.cache, &d));
   return d;
 }
 

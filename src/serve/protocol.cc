@@ -3,6 +3,8 @@
 #include <bit>
 #include <cstddef>
 
+#include "obs/stats_schema.h"
+
 namespace kvtier::serve {
 
 std::string_view MsgTypeName(uint16_t type) {
@@ -402,52 +404,159 @@ Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view wh
   return r.Done(what);
 }
 
+// Every field and histogram travels by name, from the stats schema, so that one added to it is
+// on the wire at once and a reader skips the names it does not know (doc/protocol.md).
+namespace {
+
+constexpr uint32_t kMaxStatFields = 1024;
+constexpr uint32_t kMaxStatTiers = 64;
+constexpr size_t kMaxStatName = 64;
+
+void EncodeFields(StatScope scope, const auto& from, Writer* w) {
+  uint32_t n = 0;
+  for (const StatField& f : StatFields()) n += f.scope == scope;
+  w->U32(n);
+  for (const StatField& f : StatFields()) {
+    if (f.scope != scope) continue;
+    w->Str(f.name);
+    w->U64(StatValue(f, from));
+  }
+}
+
+// Reads a {name, value} list into the fields of `scope` through `at`; unknown names are skipped.
+template <typename T>
+bool DecodeFields(Reader* r, StatScope scope, T* into, uint64_t* (*StatField::*at)(T*)) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 4 + 8) || n > kMaxStatFields) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name;
+    uint64_t v = 0;
+    if (!r->Str(&name, kMaxStatName) || !r->U64(&v)) return false;
+    if (const StatField* f = FindStatField(scope, name)) *(f->*at)(into) = v;
+  }
+  return true;
+}
+
+// {str name, u64 count, u64 sum, u64 max, u32 n, n x {u16 bucket, u64 count}} per histogram of
+// `scope`, only the buckets that counted something.
+void EncodeHistograms(StatScope scope, const auto& from, Writer* w) {
+  uint32_t n = 0;
+  for (const StatHistogram& h : StatHistograms()) n += h.scope == scope;
+  w->U32(n);
+  for (const StatHistogram& h : StatHistograms()) {
+    if (h.scope != scope) continue;
+    const Histogram::Snapshot& v = HistogramValue(h, from);
+    w->Str(h.name);
+    w->U64(v.count);
+    w->U64(v.sum);
+    w->U64(v.max);
+    uint32_t used = 0;
+    for (uint64_t c : v.counts) used += c != 0;
+    w->U32(used);
+    for (int b = 0; b < Histogram::kBuckets; ++b) {
+      if (v.counts[b] == 0) continue;
+      w->U16(static_cast<uint16_t>(b));
+      w->U64(v.counts[b]);
+    }
+  }
+}
+
+template <typename T>
+bool DecodeHistograms(Reader* r, StatScope scope, T* into,
+                      Histogram::Snapshot* (*StatHistogram::*at)(T*)) {
+  uint32_t n = 0;
+  if (!r->Count(&n, 4 + 3 * 8 + 4) || n > kMaxStatFields) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name;
+    Histogram::Snapshot v;
+    uint32_t used = 0;
+    if (!r->Str(&name, kMaxStatName) || !r->U64(&v.count) || !r->U64(&v.sum) || !r->U64(&v.max) ||
+        !r->Count(&used, 2 + 8))
+      return false;
+    for (uint32_t j = 0; j < used; ++j) {
+      uint16_t b = 0;
+      if (!r->U16(&b) || b >= Histogram::kBuckets || !r->U64(&v.counts[b])) return false;
+    }
+    if (const StatHistogram* h = FindStatHistogram(scope, name)) *(h->*at)(into) = v;
+  }
+  return true;
+}
+
+bool ValidCounterName(std::string_view name) {
+  if (name.empty()) return false;
+  for (char c : name)
+    if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+}  // namespace
+
 void EncodeStatsReply(const CacheStats& s, const ServeCounters& c, Writer* w) {
-  for (uint64_t v : {c.clients, c.leases, c.reservations, c.refused, c.disconnects, c.pid})
-    w->U64(v);
-  for (uint64_t v : {s.lookups, s.lookup_blocks, s.hit_blocks, s.loads, s.load_failed_blocks,
-                     s.stores, s.stored_blocks})
-    w->U64(v);
+  EncodeFields(StatScope::kServe, c, w);
+  EncodeFields(StatScope::kCache, s, w);
+  EncodeHistograms(StatScope::kCache, s, w);
   w->U32(static_cast<uint32_t>(s.tiers.size()));
   for (const auto& t : s.tiers) {
     w->Str(t.name);
     w->U8(static_cast<uint8_t>(t.kind));
-    for (uint64_t v : {t.resident_blocks, t.hit_blocks, t.evictions, t.writebacks, t.rejected,
-                       t.corruptions, t.tier.used_bytes, t.tier.capacity_bytes, t.tier.puts,
-                       t.tier.gets, t.tier.hits, t.tier.misses})
-      w->U64(v);
+    EncodeFields(StatScope::kTier, t, w);
+    w->U32(static_cast<uint32_t>(t.tier.counters.size()));
+    for (const auto& k : t.tier.counters) {
+      w->Str(k.name);
+      w->Str(k.help);
+      w->U8(k.gauge ? 1 : 0);
+      w->U64(k.value);
+    }
+    EncodeHistograms(StatScope::kTier, t, w);
   }
 }
 
-Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
-  for (uint64_t* v :
-       {&c->clients, &c->leases, &c->reservations, &c->refused, &c->disconnects, &c->pid})
-    r->U64(v);
-  for (uint64_t* v : {&s->lookups, &s->lookup_blocks, &s->hit_blocks, &s->loads,
-                      &s->load_failed_blocks, &s->stores, &s->stored_blocks})
-    r->U64(v);
+namespace {
+
+// One tier of a stats reply; false when malformed, an error when refused.
+Status DecodeStatsTier(Reader* r, CacheStats::PerTier* t, bool* ok) {
+  uint8_t kind = 0;
+  *ok = r->Str(&t->name) && r->U8(&kind);
+  if (!*ok) return Status::Ok();
+  // A kind this client does not know (a newer daemon's, or one since removed) is refused rather
+  // than shown as another.
+  if (kind >= kNumTierKinds)
+    return Status::InvalidArgument("stats reply: tier '" + t->name + "' has unknown kind " +
+                                   std::to_string(kind) + " (known: 0.." +
+                                   std::to_string(kNumTierKinds - 1) + ")");
+  t->kind = static_cast<TierKind>(kind);
   uint32_t n = 0;
-  if (r->Count(&n, 4 + 1 + 12 * 8) && n <= 64) {
-    s->tiers.resize(n);
-    for (auto& t : s->tiers) {
-      uint8_t kind = 0;
-      r->Str(&t.name);
-      r->U8(&kind);
-      // A kind this client does not know (a newer daemon's, or one since removed) is refused
-      // rather than shown as another.
-      if (r->ok() && kind >= kNumTierKinds)
-        return Status::InvalidArgument("stats reply: tier '" + t.name + "' has unknown kind " +
-                                       std::to_string(kind) + " (known: 0.." +
-                                       std::to_string(kNumTierKinds - 1) + ")");
-      t.kind = static_cast<TierKind>(kind);
-      for (uint64_t* v : {&t.resident_blocks, &t.hit_blocks, &t.evictions, &t.writebacks,
-                          &t.rejected, &t.corruptions, &t.tier.used_bytes, &t.tier.capacity_bytes,
-                          &t.tier.puts, &t.tier.gets, &t.tier.hits, &t.tier.misses})
-        r->U64(v);
-    }
-  } else if (r->ok()) {
-    return Status::InvalidArgument("stats reply: too many tiers");
+  *ok = DecodeFields(r, StatScope::kTier, t, &StatField::tier) && r->Count(&n, 4 + 4 + 1 + 8) &&
+        n <= kMaxStatFields;
+  for (uint32_t i = 0; *ok && i < n; ++i) {
+    TierStats::Counter c;
+    uint8_t gauge = 0;
+    *ok = r->Str(&c.name, kMaxStatName) && r->Str(&c.help) && r->U8(&gauge) && r->U64(&c.value);
+    if (*ok && !ValidCounterName(c.name))
+      return Status::InvalidArgument("stats reply: tier '" + t->name + "' has a counter named '" +
+                                     c.name + "' (want [a-z0-9_]+)");
+    c.gauge = gauge != 0;
+    t->tier.counters.push_back(std::move(c));
   }
+  *ok = *ok && DecodeHistograms(r, StatScope::kTier, t, &StatHistogram::tier);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status DecodeStatsReply(Reader* r, CacheStats* s, ServeCounters* c) {
+  uint32_t n = 0;
+  bool ok = DecodeFields(r, StatScope::kServe, c, &StatField::serve) &&
+            DecodeFields(r, StatScope::kCache, s, &StatField::cache) &&
+            DecodeHistograms(r, StatScope::kCache, s, &StatHistogram::cache) &&
+            r->Count(&n, 4 + 1 + 4 + 4 + 4);
+  if (ok && n > kMaxStatTiers)
+    return Status::InvalidArgument("stats reply: " + std::to_string(n) + " tiers (at most " +
+                                   std::to_string(kMaxStatTiers) + ")");
+  if (ok) s->tiers.resize(n);
+  for (uint32_t i = 0; ok && i < n; ++i)
+    KVTIER_RETURN_IF_ERROR(DecodeStatsTier(r, &s->tiers[i], &ok));
+  if (!ok) return Status::InvalidArgument("stats reply: truncated or malformed payload");
   return r->Done("stats reply");
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/client.h"
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
@@ -202,12 +203,6 @@ struct SessionReq {
 struct DropTenantReply {
   uint64_t dropped = 0;  // blocks dropped from at least one tier
   uint64_t pinned = 0;   // blocks kept in a memory tier because a lease pins them
-};
-
-// Stats travel as their CacheStats fields plus the daemon's own counters.
-struct ServeCounters {
-  uint64_t clients = 0, leases = 0, reservations = 0, refused = 0, disconnects = 0;
-  uint64_t pid = 0;
 };
 
 void EncodeHello(const Hello& m, Writer* w);

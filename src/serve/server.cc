@@ -293,9 +293,7 @@ std::string Server::Impl::TenantPrometheusText() const {
   }
   return "# TYPE kvtier_serve_tenant_arena_blocks gauge\n" + held +
          "# TYPE kvtier_serve_tenant_arena_max_blocks gauge\n" + max +
-         "# TYPE kvtier_serve_tenant_arena_reserved_blocks gauge\n" + reserved +
-         "# TYPE kvtier_serve_corrupt_blocks_total counter\nkvtier_serve_corrupt_blocks_total " +
-         std::to_string(corrupt_loads_.load()) + "\n";
+         "# TYPE kvtier_serve_tenant_arena_reserved_blocks gauge\n" + reserved;
 }
 
 ServeCounters Server::Impl::Counters() const {
@@ -309,6 +307,7 @@ ServeCounters Server::Impl::Counters() const {
   s.refused = refused_;
   s.disconnects = bad_frames_;
   s.pid = static_cast<uint64_t>(getpid());
+  s.corrupt_blocks = corrupt_loads_.load();
   return s;
 }
 

@@ -38,8 +38,7 @@ class Server {
   const std::string& socket_path() const;
   Cache& cache();
   ServeCounters counters() const;
-  // Per tenant: arena blocks held, its max and reserved blocks; blocks dropped for failing their
-  // checksum at load. Prometheus text.
+  // Per tenant: arena blocks held, its max and reserved blocks. Prometheus text.
   std::string TenantPrometheusText() const;
 
   class Impl;

@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)kvtier::serve::DecodeLookupReply(&r, &lr);
     kvtier::serve::Reader r2(in.first(n));
     kvtier::CacheStats cs;
-    kvtier::serve::ServeCounters sc;
+    kvtier::ServeCounters sc;
     (void)kvtier::serve::DecodeStatsReply(&r2, &cs, &sc);
     kvtier::serve::Reader r3(in.first(n));
     kvtier::serve::ReserveReply rr;

@@ -165,7 +165,7 @@ TEST(ServeStressTest, EightClientsOverlappingPrefixes) {
   EXPECT_EQ(mismatches.load(), 0);
   EXPECT_EQ(errors.load(), 0);
   EXPECT_GT(hits.load(), 0);
-  const serve::ServeCounters cnt = (*server)->counters();
+  const ServeCounters cnt = (*server)->counters();
   EXPECT_EQ(cnt.reservations, 0u);
   (*server)->Stop();
 }

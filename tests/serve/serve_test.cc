@@ -393,22 +393,25 @@ TEST(ServeProtocolTest, StatsReplyWithAnUnknownTierKindIsRefusedNamingIt) {
   s.tiers[0].name = "dram";
   s.tiers[0].kind = TierKind::kRemote;
   serve::Writer w;
-  serve::EncodeStatsReply(s, serve::ServeCounters{}, &w);
+  serve::EncodeStatsReply(s, ServeCounters{}, &w);
   std::vector<std::byte> bytes = w.buffer();
-  // 13 u64 counters, the u32 tier count and the name: the kind byte follows.
-  const size_t kind_at = 13 * 8 + 4 + 4 + s.tiers[0].name.size();
+  // The reply without tiers (its fields and the tier count), then the tier's name: the kind
+  // byte follows.
+  serve::Writer empty;
+  serve::EncodeStatsReply(CacheStats{}, ServeCounters{}, &empty);
+  const size_t kind_at = empty.buffer().size() + 4 + s.tiers[0].name.size();
   ASSERT_EQ(bytes.at(kind_at), std::byte{static_cast<uint8_t>(TierKind::kRemote)});
   {
     serve::Reader r(bytes);
     CacheStats out;
-    serve::ServeCounters c;
+    ServeCounters c;
     ASSERT_TRUE(serve::DecodeStatsReply(&r, &out, &c).ok());
     EXPECT_EQ(out.tiers.at(0).kind, TierKind::kRemote);
   }
   bytes[kind_at] = std::byte{kNumTierKinds};
   serve::Reader r(bytes);
   CacheStats out;
-  serve::ServeCounters c;
+  ServeCounters c;
   Status st = serve::DecodeStatsReply(&r, &out, &c);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("tier 'dram' has unknown kind " + std::to_string(kNumTierKinds)),
@@ -601,8 +604,13 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   for (size_t r; (r = fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, r);
   ASSERT_EQ(pclose(f), 0);
   std::map<std::string, double> metrics;
+  std::set<std::string> types;
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {  // each metric declared once, or scrapers refuse it
+      const std::string name = line.substr(7, line.find(' ', 7) - 7);
+      EXPECT_TRUE(types.insert(name).second) << name << " declared twice";
+    }
     if (line.empty() || line[0] == '#') continue;
     const auto sp = line.rfind(' ');
     ASSERT_NE(sp, std::string::npos) << line;

@@ -1,4 +1,4 @@
-// The daemon's wire protocol (src/serve/protocol.cc): what a hello decodes to.
+// The daemon's wire protocol (src/serve/protocol.cc): what a hello and a stats reply decode to.
 #include <gtest/gtest.h>
 
 #include "serve/protocol.h"
@@ -38,6 +38,64 @@ TEST(ServeProtocolTest, HelloWithAShapeKeepsItsLayout) {
   ASSERT_TRUE(DecodeHello(HelloPayload(2, 2, 8, 0, 0, 0), &h).ok());
   EXPECT_EQ(h.layout.num_layers, 2u);
   EXPECT_EQ(h.layout.block_tokens, 0u);  // refused later by the daemon as a mismatch, not here
+}
+
+// The stats reply carries fields by name: a reader skips names it does not know (a newer
+// daemon's field) and keeps the rest, instead of misreading every field after a new one.
+TEST(ServeProtocolTest, StatsReplySkipsFieldsItDoesNotKnow) {
+  Writer w;
+  w.buffer().reserve(256);  // GCC 12 misreads the growth of many small writes as an overflow
+  w.U32(2);                 // the daemon's fields
+  w.Str("clients");
+  w.U64(3);
+  w.Str("a_field_from_the_future");
+  w.U64(99);
+  w.U32(1);  // the cache's
+  w.Str("hit_blocks");
+  w.U64(5);
+  w.U32(0);  // the cache's histograms
+  w.U32(0);  // tiers
+  Reader r(w.buffer());
+  CacheStats s;
+  ServeCounters c;
+  ASSERT_TRUE(DecodeStatsReply(&r, &s, &c).ok());
+  EXPECT_EQ(c.clients, 3u);
+  EXPECT_EQ(s.hit_blocks, 5u);
+}
+
+// Every truncation of a valid reply is one clear error, never a crash or a partial success.
+TEST(ServeProtocolTest, TruncatedStatsReplyIsOneClearError) {
+  CacheStats s;
+  s.tiers.resize(1);
+  s.tiers[0].name = "ssd";
+  s.tiers[0].tier.counters = {{"degraded", "help", 1, true}};
+  s.hit_blocks = 7;
+  Writer w;
+  EncodeStatsReply(s, ServeCounters{}, &w);
+  const std::vector<std::byte> full = w.buffer();
+  for (size_t n = 0; n < full.size(); ++n) {
+    Reader r(std::span<const std::byte>(full).first(n));
+    CacheStats out;
+    ServeCounters c;
+    const Status st = DecodeStatsReply(&r, &out, &c);
+    ASSERT_EQ(st.code(), StatusCode::kInvalidArgument) << n;
+    EXPECT_NE(st.message().find("stats reply"), std::string::npos) << st.message();
+  }
+}
+
+TEST(ServeProtocolTest, StatsReplyWithABadTierCounterNameIsRefusedNamingIt) {
+  CacheStats s;
+  s.tiers.resize(1);
+  s.tiers[0].name = "ssd";
+  s.tiers[0].tier.counters = {{"Bad Name", "help", 1, false}};
+  Writer w;
+  EncodeStatsReply(s, ServeCounters{}, &w);
+  Reader r(w.buffer());
+  CacheStats out;
+  ServeCounters c;
+  const Status st = DecodeStatsReply(&r, &out, &c);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'Bad Name'"), std::string::npos) << st.message();
 }
 
 }  // namespace

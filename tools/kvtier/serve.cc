@@ -13,10 +13,12 @@
 #include "command.h"
 #include "common/log_format.h"
 #include "kvtier/client.h"
+#include "obs/prometheus.h"
 #include "serve/sd_notify.h"
 #include "serve/serve_options.h"
 #include "serve/server.h"
 #include "serve_export.h"
+#include "status_format.h"
 
 namespace kvtier::cli {
 namespace {
@@ -42,24 +44,13 @@ Result<serve::ServeConfig> ReadConfig(const std::string& path) {
 Result<std::unique_ptr<MetricsServer>> StartMetrics(std::string addr, serve::Server* srv) {
   if (addr.find(':') == std::string::npos) addr = "127.0.0.1:" + addr;  // a port alone
   if (addr[0] == ':') addr = "127.0.0.1" + addr;
-  KVTIER_ASSIGN_OR_RETURN(
-      auto http, MetricsServer::Start(addr, [srv] {
-        const serve::ServeCounters c = srv->counters();
-        std::string t = srv->cache().PrometheusText();
-        t += "# TYPE kvtier_serve_clients gauge\nkvtier_serve_clients " + std::to_string(c.clients);
-        t += "\n# TYPE kvtier_serve_leases gauge\nkvtier_serve_leases " + std::to_string(c.leases);
-        t += "\n# TYPE kvtier_serve_reservations gauge\n"
-             "kvtier_serve_reservations " +
-             std::to_string(c.reservations);
-        t += "\n# TYPE kvtier_serve_refused_total counter\n"
-             "kvtier_serve_refused_total " +
-             std::to_string(c.refused);
-        t += "\n# TYPE kvtier_serve_protocol_errors_total counter\n"
-             "kvtier_serve_protocol_errors_total " +
-             std::to_string(c.disconnects) + "\n";
-        t += srv->TenantPrometheusText();
-        return t;
-      }));
+  KVTIER_ASSIGN_OR_RETURN(auto http, MetricsServer::Start(addr, [srv] {
+                            const ServeCounters c = srv->counters();
+                            std::string t = PrometheusText(srv->cache().stats(), &c);
+                            t += EventsPrometheusText(srv->cache().events_info());
+                            t += srv->TenantPrometheusText();
+                            return t;
+                          }));
   spdlog::info("kvtier serve: metrics on http://{}:{}/metrics", addr.substr(0, addr.rfind(':')),
                http->port());
   return http;
@@ -202,51 +193,10 @@ int RunStatus(const std::string& socket, bool json, uint32_t timeout_ms) {
     std::fprintf(stderr, "kvtier status: %s\n", d.status().message().c_str());
     return 1;
   }
-  const CacheStats& s = d->cache;
-  const double hit_rate = s.lookup_blocks ? double(s.hit_blocks) / s.lookup_blocks : 0;
-  nlohmann::json j;
-  j["pid"] = d->pid;
-  j["clients"] = d->clients;
-  j["leases"] = d->leases;
-  j["reservations"] = d->reservations;
-  j["refused"] = d->refused;
-  j["protocol_errors"] = d->disconnects;
-  j["lookups"] = s.lookups;
-  j["lookup_blocks"] = s.lookup_blocks;
-  j["hit_blocks"] = s.hit_blocks;
-  j["hit_rate"] = hit_rate;
-  j["stores"] = s.stores;
-  j["stored_blocks"] = s.stored_blocks;
-  j["tiers"] = nlohmann::json::array();
-  for (const auto& t : s.tiers) {
-    nlohmann::json tj;
-    tj["name"] = t.name;
-    tj["kind"] = std::string(TierKindName(t.kind));
-    tj["resident_blocks"] = t.resident_blocks;
-    tj["used_bytes"] = t.tier.used_bytes;
-    tj["capacity_bytes"] = t.tier.capacity_bytes;
-    tj["hit_blocks"] = t.hit_blocks;
-    tj["evictions"] = t.evictions;
-    j["tiers"].push_back(tj);
-  }
-  if (json) {
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
-  std::printf("daemon pid %llu: %llu clients, %llu leases, %llu reservations, %llu refused\n",
-              (unsigned long long)d->pid, (unsigned long long)d->clients,
-              (unsigned long long)d->leases, (unsigned long long)d->reservations,
-              (unsigned long long)d->refused);
-  std::printf("lookups %llu, blocks %llu, hits %llu (%.1f%%), stores %llu (%llu blocks)\n",
-              (unsigned long long)s.lookups, (unsigned long long)s.lookup_blocks,
-              (unsigned long long)s.hit_blocks, 100 * hit_rate, (unsigned long long)s.stores,
-              (unsigned long long)s.stored_blocks);
-  for (const auto& t : s.tiers)
-    std::printf("  tier %-8s %-6s %10llu blocks  %s / %s  hits %llu  evictions %llu\n",
-                t.name.c_str(), std::string(TierKindName(t.kind)).c_str(),
-                (unsigned long long)t.resident_blocks, FormatBytes(t.tier.used_bytes).c_str(),
-                FormatBytes(t.tier.capacity_bytes).c_str(), (unsigned long long)t.hit_blocks,
-                (unsigned long long)t.evictions);
+  if (json)
+    std::printf("%s\n", StatusJson(*d).dump(2).c_str());
+  else
+    std::printf("%s", StatusText(*d).c_str());
   return 0;
 }
 

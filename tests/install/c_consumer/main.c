@@ -21,6 +21,35 @@ static const char* kConfig =
     "tiers:\n"
     "  - {kind: host, capacity: 1MiB}\n";
 
+/* Every name kvtier_cache_stat_names lists reads back with kvtier_cache_stat; the cache's and
+ * its tiers' fields are there (and, through a daemon, the daemon's); a name it does not list is
+ * NOT_FOUND. Returns 0 when all is well. */
+static int CheckStatNames(kvtier_cache* cache, int daemon) {
+  const char* list = NULL;
+  CHECK(kvtier_cache_stat_names(cache, &list) == KVTIER_OK);
+  CHECK(strstr(list, "write_through_dropped_blocks") != NULL);
+  CHECK(strstr(list, ".resident_blocks") != NULL); /* tier.<name>.resident_blocks */
+  CHECK((strstr(list, "protocol_errors") != NULL) == (daemon != 0));
+  char* names = malloc(strlen(list) + 1);
+  CHECK(names != NULL);
+  strcpy(names, list);
+  int count = 0;
+  for (char* name = strtok(names, "\n"); name != NULL; name = strtok(NULL, "\n")) {
+    uint64_t v = UINT64_MAX;
+    CHECK(kvtier_cache_stat(cache, name, &v) == KVTIER_OK);
+    CHECK(v != UINT64_MAX);
+    ++count;
+  }
+  free(names);
+  CHECK(count > 20);
+  uint64_t v = 0;
+  CHECK(kvtier_cache_stat(cache, "hit_blocks", &v) == KVTIER_OK && v > 0);
+  CHECK(kvtier_cache_stat(cache, "no_such_stat", &v) == KVTIER_NOT_FOUND);
+  CHECK(strstr(kvtier_last_error(), "no_such_stat") != NULL);
+  if (daemon) CHECK(kvtier_cache_stat(cache, "clients", &v) == KVTIER_OK && v >= 1);
+  return 0;
+}
+
 /* The same round trip through a running `kvtier serve` on `socket`, and a client of a daemon that
  * is not there: misses within the deadline, never a hang. */
 static int ThroughDaemon(const char* socket) {
@@ -63,6 +92,7 @@ static int ThroughDaemon(const char* socket) {
   CHECK(loaded == kBlocks);
   CHECK(memcmp(src, dst, kBlocks * bb) == 0);
   kvtier_lookup_free(lk);
+  CHECK(CheckStatNames(cache, 1) == 0);
   kvtier_cache_close(cache);
 
   /* Another revision of the weights never sees these blocks. */
@@ -165,6 +195,7 @@ int main(int argc, char** argv) {
   kvtier_stats st;
   CHECK(kvtier_cache_stats(cache, &st) == KVTIER_OK);
   CHECK(st.lookups == 3 && st.stored_blocks == kBlocks && st.hit_blocks == kBlocks);
+  CHECK(CheckStatNames(cache, 0) == 0);
 
   kvtier_cache_close(cache);
   free(src);
