@@ -136,6 +136,33 @@ Status ParseEvents(std::string_view src, const YAML::Node& n, ServeOptions* o) {
   return Status::Ok();
 }
 
+// serve.tenants: the bound tenant names.
+Result<std::vector<TenantBinding>> Tenants(std::string_view src, const YAML::Node& t) {
+  if (!t.IsSequence()) return Error(src, t, "serve.tenants", "want a list");
+  std::vector<TenantBinding> out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const std::string path = "serve.tenants[" + std::to_string(i) + "]";
+    KVTIER_RETURN_IF_ERROR(
+        CheckKeys(src, t[i], path, {"name", "uids", "token", "max_share", "reserved_share"}));
+    TenantBinding b;
+    if (!t[i]["name"]) return Error(src, t[i], path + ".name", "missing");
+    KVTIER_ASSIGN_OR_RETURN(b.name, Str(src, t[i]["name"], path + ".name"));
+    if (t[i]["uids"]) {
+      KVTIER_ASSIGN_OR_RETURN(b.uids, Uids(src, t[i]["uids"], path + ".uids"));
+    }
+    if (t[i]["token"]) {
+      KVTIER_ASSIGN_OR_RETURN(b.token, Str(src, t[i]["token"], path + ".token"));
+    }
+    KVTIER_RETURN_IF_ERROR(Share(src, t[i]["max_share"], path + ".max_share", &b.max_share));
+    KVTIER_RETURN_IF_ERROR(
+        Share(src, t[i]["reserved_share"], path + ".reserved_share", &b.reserved_share));
+    if (b.uids.empty() && b.token.empty())
+      return Error(src, t[i], path, "bind the tenant to uids, a token or both");
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   ServeOptions o;
   KVTIER_RETURN_IF_ERROR(CheckKeys(src, n, "serve",
@@ -213,28 +240,7 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   KVTIER_RETURN_IF_ERROR(
       Share(src, n["default_max_share"], "serve.default_max_share", &o.default_max_share));
   if (n["tenants"]) {
-    const YAML::Node& t = n["tenants"];
-    if (!t.IsSequence()) return Error(src, t, "serve.tenants", "want a list");
-    for (size_t i = 0; i < t.size(); ++i) {
-      const std::string path = "serve.tenants[" + std::to_string(i) + "]";
-      KVTIER_RETURN_IF_ERROR(
-          CheckKeys(src, t[i], path, {"name", "uids", "token", "max_share", "reserved_share"}));
-      TenantBinding b;
-      if (!t[i]["name"]) return Error(src, t[i], path + ".name", "missing");
-      KVTIER_ASSIGN_OR_RETURN(b.name, Str(src, t[i]["name"], path + ".name"));
-      if (t[i]["uids"]) {
-        KVTIER_ASSIGN_OR_RETURN(b.uids, Uids(src, t[i]["uids"], path + ".uids"));
-      }
-      if (t[i]["token"]) {
-        KVTIER_ASSIGN_OR_RETURN(b.token, Str(src, t[i]["token"], path + ".token"));
-      }
-      KVTIER_RETURN_IF_ERROR(Share(src, t[i]["max_share"], path + ".max_share", &b.max_share));
-      KVTIER_RETURN_IF_ERROR(
-          Share(src, t[i]["reserved_share"], path + ".reserved_share", &b.reserved_share));
-      if (b.uids.empty() && b.token.empty())
-        return Error(src, t[i], path, "bind the tenant to uids, a token or both");
-      o.tenants.push_back(std::move(b));
-    }
+    KVTIER_ASSIGN_OR_RETURN(o.tenants, Tenants(src, n["tenants"]));
   }
   Status v = o.Validate();
   if (!v.ok()) return Error(src, n, "serve", v.message());
