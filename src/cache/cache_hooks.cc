@@ -22,22 +22,22 @@ size_t Cache::Impl::ReserveHost(int partition, size_t n, std::vector<uint32_t>* 
     } else {
       // Tenant bounds: over its max_share a tenant evicts its own blocks first; others are
       // evicted for it only down to their reserved share (counted as they are picked).
-      const uint64_t held = host->partition_slots(partition);
-      const uint64_t max = host->bounds(partition).max_slots;
+      const HostTier::Usage mine = host->usage(partition);
+      const uint64_t max = mine.bounds.max_slots;
       const std::function<bool(const BlockKey&)> own = [&](const BlockKey& k) {
         return host->PartitionOf(k) == partition;
       };
-      const size_t over = held + n > max ? held + n - max : 0;
+      const size_t over = mine.held + n > max ? mine.held + n - max : 0;
       if (over > 0) MakeRoom(st, 0, &victims, &own, over);
-      const size_t room = static_cast<size_t>(held - std::min<uint64_t>(held, victims.size()));
-      const size_t want = std::min<size_t>(n, max > room ? max - room : 0);
+      // What it holds once its own victims are gone: room under its max is what it may take.
+      const uint64_t held_after = mine.held - std::min<uint64_t>(mine.held, victims.size());
+      const size_t want = std::min<uint64_t>(n, max > held_after ? max - held_after : 0);
       std::map<int, uint64_t> picked;
       const std::function<bool(const BlockKey&)> fair = [&](const BlockKey& k) {
-        const int q = host->PartitionOf(k);
-        if (q == partition) return true;
-        const uint64_t left = host->partition_slots(q) - picked[q];
-        if (left <= host->bounds(q).reserved_slots) return false;
-        ++picked[q];
+        const HostTier::Usage u = host->UsageOf(k);
+        if (u.partition == partition) return true;
+        if (u.held - picked[u.partition] <= u.bounds.reserved_slots) return false;
+        ++picked[u.partition];
         return true;
       };
       fit = want ? MakeRoom(st, want, &victims, &fair) : 0;

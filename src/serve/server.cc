@@ -283,9 +283,9 @@ std::string Server::Impl::TenantPrometheusText() const {
   for (const auto& [name, t] : tenants_seen_) {
     if (t.partition < 0) continue;
     const std::string l = "{tenant=\"" + label(name) + "\"} ";
-    const HostTier::Bounds b = host_->bounds(t.partition);
-    held += "kvtier_serve_tenant_arena_blocks" + l +
-            std::to_string(host_->partition_slots(t.partition)) + "\n";
+    const HostTier::Usage u = host_->usage(t.partition);
+    const HostTier::Bounds& b = u.bounds;
+    held += "kvtier_serve_tenant_arena_blocks" + l + std::to_string(u.held) + "\n";
     max += "kvtier_serve_tenant_arena_max_blocks" + l +
            std::to_string(std::min<uint64_t>(b.max_slots, host_->slots())) + "\n";
     reserved +=

@@ -3,20 +3,24 @@
 
 namespace kvtier::serve {
 
+std::optional<TenantBinding> Server::Impl::Binding(const std::string& tenant) const {
+  MutexLock lock(&mu_);
+  for (const TenantBinding& b : options_.tenants)
+    if (b.name == tenant) return b;
+  return std::nullopt;
+}
+
 Status Server::Impl::CheckTenant(const Conn& c, const std::string& tenant,
                                  const std::string& token) const {
-  MutexLock lock(&mu_);
-  for (const TenantBinding& b : options_.tenants) {
-    if (b.name != tenant) continue;
-    bool ok = !b.token.empty() && token == b.token;
-    for (uint32_t u : b.uids) ok |= u == c.peer.uid;
-    if (!ok)
-      return Status::InvalidArgument(
-          "tenant '" + tenant + "' is bound to " +
-          (b.uids.empty() ? std::string("a token") : "uids/token in serve.tenants") + "; " +
-          c.Name() + " may not declare it");
-    return Status::Ok();
-  }
+  const std::optional<TenantBinding> b = Binding(tenant);
+  if (!b) return Status::Ok();
+  bool ok = !b->token.empty() && token == b->token;
+  for (uint32_t u : b->uids) ok |= u == c.peer.uid;
+  if (!ok)
+    return Status::InvalidArgument(
+        "tenant '" + tenant + "' is bound to " +
+        (b->uids.empty() ? std::string("a token") : "uids/token in serve.tenants") + "; " +
+        c.Name() + " may not declare it");
   return Status::Ok();
 }
 
@@ -33,21 +37,15 @@ Result<BlockKey> Server::Impl::RootFor(const Conn& c, const Scope& scope) const 
 }
 
 std::string Server::Impl::EffectiveTenant(const Conn& c, const std::string& declared) const {
-  MutexLock lock(&mu_);
-  for (const TenantBinding& b : options_.tenants)
-    if (b.name == declared) return declared;
-  return declared + "@uid" + std::to_string(c.peer.uid);
+  return Binding(declared) ? declared : declared + "@uid" + std::to_string(c.peer.uid);
 }
 
 Result<int> Server::Impl::PartitionFor(const Conn& c) {
-  const TenantBinding* bound = nullptr;
-  TenantBinding binding;
+  const std::optional<TenantBinding> bound = Binding(c.hello.tenant);
   uint32_t per_uid = 0;
   double default_share = 1.0;
   {
     MutexLock lock(&mu_);
-    for (const TenantBinding& b : options_.tenants)
-      if (b.name == c.hello.tenant) binding = b, bound = &binding;
     per_uid = options_.max_tenants_per_uid;
     default_share = options_.default_max_share;
   }
@@ -72,8 +70,8 @@ Result<int> Server::Impl::PartitionFor(const Conn& c) {
     MutexLock lock(&tenants_mu_);
     tenants_seen_[c.tenant].partition = p;
   }
-  const double max_share = bound ? binding.max_share : default_share;
-  const double reserved = bound ? binding.reserved_share : 0.0;
+  const double max_share = bound ? bound->max_share : default_share;
+  const double reserved = bound ? bound->reserved_share : 0.0;
   const auto slots = static_cast<double>(host_->slots());
   host_->SetBounds(
       p, HostTier::Bounds{max_share >= 1.0 ? UINT64_MAX : static_cast<uint64_t>(max_share * slots),

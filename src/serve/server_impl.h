@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -124,6 +125,8 @@ class Server::Impl {
   // Runs one decoded request's handler; *said_hello and *pass_fd are hello's outcome.
   Status Handle(Conn* c, MsgType type, std::span<const std::byte> payload, Writer* w,
                 bool* said_hello, bool* pass_fd);
+  // The serve.tenants entry of a tenant name, if it is bound.
+  std::optional<TenantBinding> Binding(const std::string& tenant) const;
   Status CheckTenant(const Conn& c, const std::string& tenant, const std::string& token) const;
   // Operator commands (flush, drop-tenant): the daemon's own user or root only.
   static bool OperatorPeer(const Conn& c) { return c.peer.uid == getuid() || c.peer.uid == 0; }

@@ -247,12 +247,12 @@ TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
   const int fa = tier.partition_fd(*a), fb = tier.partition_fd(*b);
   EXPECT_TRUE(MemfdHolds(fa, tier.arena_bytes(), da[0]));
   EXPECT_FALSE(MemfdHolds(fb, tier.arena_bytes(), da[0]));
-  EXPECT_EQ(tier.partition_slots(*a), 4u);
+  EXPECT_EQ(tier.usage(*a).held, 4u);
   ASSERT_TRUE(tier.Erase(ka).ok());
   ASSERT_TRUE(tier.Put(kb, ib, res).ok());
   for (auto& s : res) EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(tier.partition_slots(*a), 0u);
-  EXPECT_EQ(tier.partition_slots(*b), 4u);
+  EXPECT_EQ(tier.usage(*a).held, 0u);
+  EXPECT_EQ(tier.usage(*b).held, 4u);
   for (uint64_t i = 0; i < 4; ++i) {
     EXPECT_FALSE(MemfdHolds(fa, tier.arena_bytes(), da[i])) << "A's pages stayed, slot " << i;
     EXPECT_FALSE(MemfdHolds(fa, tier.arena_bytes(), db[i])) << "B's bytes in A's memfd";

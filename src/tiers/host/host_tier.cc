@@ -186,9 +186,19 @@ int HostTier::partition_fd(int p) const {
   return p >= 0 && p < num_parts_.load(std::memory_order_acquire) ? parts_[p].fd : -1;
 }
 
-uint64_t HostTier::partition_slots(int p) const {
+HostTier::Usage HostTier::UsageLocked(int p) const {
+  if (p < 0 || static_cast<size_t>(p) >= held_.size()) return Usage{p, 0, Bounds{}};
+  return Usage{p, held_[p], bounds_[p]};
+}
+
+HostTier::Usage HostTier::usage(int p) const {
   ReaderLock lock(&mu_);
-  return p >= 0 && static_cast<size_t>(p) < held_.size() ? held_[p] : 0;
+  return UsageLocked(p);
+}
+
+HostTier::Usage HostTier::UsageOf(const BlockKey& key) const {
+  ReaderLock lock(&mu_);
+  return UsageLocked(PartOf(key));
 }
 
 void HostTier::SetBounds(int p, Bounds b) {
@@ -197,11 +207,6 @@ void HostTier::SetBounds(int p, Bounds b) {
   bounds_[p] = b;
   if (b.max_slots != UINT64_MAX || b.reserved_slots != 0)
     bounded_.store(true, std::memory_order_release);
-}
-
-HostTier::Bounds HostTier::bounds(int p) const {
-  ReaderLock lock(&mu_);
-  return p >= 0 && static_cast<size_t>(p) < bounds_.size() ? bounds_[p] : Bounds{};
 }
 
 std::byte* HostTier::SlotPtr(uint32_t slot) const {

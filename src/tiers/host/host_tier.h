@@ -80,8 +80,6 @@ class HostTier final : public Tier {
     ReaderLock lock(&mu_);
     return PartOf(key);
   }
-  // Slots partition p holds now (resident or reserved).
-  uint64_t partition_slots(int p) const;
   // A partition's share of the slots: it holds at most max_slots (its own blocks are evicted
   // for it beyond), and others' reservations do not evict it below reserved_slots. Enforced by
   // the Cache's reservations (CacheHooks::Reserve), not by Put.
@@ -90,7 +88,14 @@ class HostTier final : public Tier {
     uint64_t reserved_slots = 0;
   };
   void SetBounds(int p, Bounds b);
-  Bounds bounds(int p) const;
+  // A partition, the slots it holds now (resident or reserved) and its bounds, read at once.
+  struct Usage {
+    int partition = 0;
+    uint64_t held = 0;
+    Bounds bounds;
+  };
+  Usage usage(int p) const;
+  Usage UsageOf(const BlockKey& key) const;  // of the partition that holds key
   bool bounded() const { return bounded_.load(std::memory_order_acquire); }
 
   // out[i] = byte offset of keys[i]'s slot (in its partition's memfd), or kNoOffset when not
@@ -139,6 +144,7 @@ class HostTier final : public Tier {
   // pages are punched out of the old owner); kNoSlot when none.
   uint32_t TakeSlot(int p) KVTIER_REQUIRES(mu_);
   void FreeSlot(uint32_t slot) KVTIER_REQUIRES(mu_);
+  Usage UsageLocked(int p) const KVTIER_REQUIRES_SHARED(mu_);
   int PartOf(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {
     if (!shared_ || by_tag_.empty()) return 0;
     auto it = by_tag_.find(static_cast<uint32_t>(key.lo >> 32));
