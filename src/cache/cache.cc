@@ -65,12 +65,14 @@ Status CacheOptions::Validate() const {
 }
 
 Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
-                                             const RequestOptions& request) {
+                                             const RequestOptions& request,
+                                             std::vector<uint64_t>* checksums) {
   const uint64_t t0 = MonotonicNs();
   LookupResult r;
   r.block_tokens = options_.layout.block_tokens;
   r.keys.assign(keys.begin(), keys.end());
   MatchResult m;
+  m.checksums = checksums;
   auto held = std::make_unique<IndexPins>();
   index_.MatchAndPin(keys, &m, &held->pins);
   if (!held->pins.empty()) r.pins = PinHandle(std::move(held));
@@ -97,6 +99,7 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   }
 
   r.hit_blocks = hit;
+  if (checksums) checksums->resize(hit, 0);  // a shared tier's extra blocks: none indexed
   r.source.resize(hit);
   for (uint32_t i = 0; i < hit; ++i) {
     // The fastest tier holding the block.

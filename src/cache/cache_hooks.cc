@@ -262,6 +262,12 @@ StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
   return cache.impl_->CommitHost(keys, slots, checksums, first_block, session_id);
 }
 
+Result<LookupResult> CacheHooks::LookupKeys(Cache& cache, std::span<const BlockKey> keys,
+                                            const RequestOptions& request,
+                                            std::vector<uint64_t>* checksums) {
+  return cache.impl_->LookupKeys(keys, request, checksums);
+}
+
 void CacheHooks::Checksums(const Cache& cache, std::span<const BlockKey> keys,
                            std::span<uint64_t> out) {
   for (size_t i = 0; i < keys.size(); ++i) {

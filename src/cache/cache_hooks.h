@@ -46,6 +46,11 @@ class CacheHooks {
   static Result<LoadResult> LoadIntoHost(Cache& cache, const LookupResult& lookup,
                                          std::span<const MutableBlock> dst);
 
+  // Cache::LookupKeys, with each hit block's indexed checksum (0: none) read in the same
+  // pass over the index into *checksums.
+  static Result<LookupResult> LookupKeys(Cache& cache, std::span<const BlockKey> keys,
+                                         const RequestOptions& request,
+                                         std::vector<uint64_t>* checksums);
   // out[i] = the checksum the index holds for keys[i] (0: none or not indexed).
   static void Checksums(const Cache& cache, std::span<const BlockKey> keys,
                         std::span<uint64_t> out);

@@ -221,7 +221,9 @@ class Cache::Impl {
   // After a clear: one kCleared event with every block still resident.
   void EmitCleared();
 
-  Result<LookupResult> LookupKeys(std::span<const BlockKey> keys, const RequestOptions& request);
+  // checksums (when set) gets each hit block's checksum from the index, 0 where none.
+  Result<LookupResult> LookupKeys(std::span<const BlockKey> keys, const RequestOptions& request,
+                                  std::vector<uint64_t>* checksums = nullptr);
   // promote_now: promotion runs in this thread before returning (the daemon's staging,
   // where the host copy is what the client reads), else in the background when async.
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,

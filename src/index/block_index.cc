@@ -164,11 +164,17 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
   result->tier_prefix.fill(0);
   result->masks.resize(chain.size());
   TierMask* masks = result->masks.data();
+  uint64_t* sums = nullptr;
+  if (result->checksums) {
+    result->checksums->resize(chain.size());
+    sums = result->checksums->data();
+  }
   // Per key only the mask is kept (a running AND here would carry a dependency through
   // memory from key to key); the per-tier prefixes come from the masks after.
-  auto visit = [masks](size_t i, const IndexEntry* e) {
+  auto visit = [masks, sums](size_t i, const IndexEntry* e) {
     const TierMask m = e ? e->tiers : 0;
     masks[i] = m;
+    if (sums && e) sums[i] = e->checksum;
     return m != 0;
   };
   size_t matched;
@@ -185,6 +191,7 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
   }
   result->any_prefix = static_cast<uint32_t>(matched);
   result->masks.resize(matched);
+  if (sums) result->checksums->resize(matched);
   if (matched == 0) return;
   TierMask alive = masks[0];
   for (size_t i = 1; i < matched; ++i) alive &= masks[i];

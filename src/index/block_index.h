@@ -41,6 +41,8 @@ struct MatchResult {
   uint32_t any_prefix = 0;
   // masks[i] for i < any_prefix: the tiers holding block i.
   std::vector<TierMask> masks;
+  // When set by the caller: (*checksums)[i] for i < any_prefix, read in the same pass.
+  std::vector<uint64_t>* checksums = nullptr;
 };
 
 class BlockIndex;

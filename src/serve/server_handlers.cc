@@ -140,7 +140,7 @@ Result<LookupResult> Server::Impl::LookupRequest(Conn* c) {
   for (BlockKey& k : m.keys) k = InternalKey(k, root, c->tenant_tag);
   RequestOptions ro;
   ro.session_id = m.session_id;
-  return cache_->LookupKeys(m.keys, ro);
+  return CacheHooks::LookupKeys(*cache_, m.keys, ro, &c->checksums);
 }
 
 Status Server::Impl::OnLookup(Conn* c, Writer* w) {
@@ -150,8 +150,6 @@ Status Server::Impl::OnLookup(Conn* c, Writer* w) {
   c->offsets.resize(hit);
   host_->Offsets(std::span<const BlockKey>(lr.keys).first(hit), c->offsets);
   // Encoded before lr moves into the lease (the reply reads its sources).
-  c->checksums.resize(hit);
-  CacheHooks::Checksums(*cache_, std::span<const BlockKey>(lr.keys).first(hit), c->checksums);
   const uint64_t lease_id = hit > 0 ? next_id_++ : 0;
   EncodeLookupReply(lease_id, total, lr.source, c->offsets, c->checksums, w);
   if (hit > 0) {

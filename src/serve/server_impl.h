@@ -97,7 +97,8 @@ class Server::Impl {
 
   // Handlers: write the reply body into *w; a non-OK status becomes an error reply.
   Status OnHello(Conn* c, std::span<const std::byte> in, Writer* w, bool* pass_fd);
-  // The decoded c->lookup, keyed under the connection's root (in place) and looked up.
+  // The decoded c->lookup, keyed under the connection's root (in place) and looked up; the hit
+  // blocks' checksums in c->checksums.
   Result<LookupResult> LookupRequest(Conn* c);
   Status OnLookup(Conn* c, Writer* w);
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
