@@ -54,43 +54,16 @@ Result<CostProfile> MakeCostProfile(const GpuProfile& gpu, const ModelProfile& m
   return p;
 }
 
-namespace {
-
-PlanRequest AllIn(const Planner& planner, int tier, uint64_t tokens) {
-  PlanRequest r;
-  r.prompt_tokens = static_cast<uint32_t>(tokens);
-  const uint64_t bt = planner.profile().block_tokens;
-  if (tier >= 0 && tokens > 0) r.block_tier.assign((tokens - 1) / bt, tier);
-  return r;
-}
-
-}  // namespace
-
 double RecomputeSeconds(const Planner& planner, uint64_t tokens) {
-  return planner.Choose(AllIn(planner, -1, tokens)).recompute_all_s;
+  return planner.RecomputeAllSeconds(tokens);
 }
 
 double LoadSeconds(const Planner& planner, int tier, uint64_t tokens) {
-  return planner.Choose(AllIn(planner, tier, tokens)).load_all_s;
+  return planner.LoadAllSeconds(tier, tokens);
 }
 
 uint64_t CrossoverTokens(const Planner& planner, int tier, uint64_t max_tokens) {
-  auto wins = [&](uint64_t n) {
-    const Plan p = planner.Choose(AllIn(planner, tier, n));
-    return p.load_all_s < p.recompute_all_s;
-  };
-  uint64_t lo = planner.profile().block_tokens;  // nothing loadable yet: loading cannot win
-  uint64_t hi = lo + 1;
-  while (!wins(hi)) {
-    if (hi >= max_tokens) return 0;
-    lo = hi;
-    hi = std::min(max_tokens, hi * 2);
-  }
-  while (hi - lo > 1) {  // wins(hi), !wins(lo)
-    const uint64_t mid = lo + (hi - lo) / 2;
-    (wins(mid) ? hi : lo) = mid;
-  }
-  return hi;
+  return planner.CrossoverTokens(tier, max_tokens);
 }
 
 }  // namespace kvtier::sim

@@ -7,7 +7,9 @@
 // (plus prefill.fixed_s once per request, and load_fixed_s once when anything is loaded: the
 // connector's per-request cost) and picks, among "recompute the first r cached blocks and
 // load the rest" for every r, the cheapest: r = 0 is kLoad, r = all is kRecompute, anything in
-// between is kSplit (recompute the head, load the tail). The model is serial: loads and compute
+// between is kSplit (recompute the head, load the tail). ChoosePrefix prices the other shape,
+// the one a paged engine such as vLLM can run: load the first L blocks of the run, compute the
+// rest (kSplit there loads the head). The model is serial: loads and compute
 // are priced as if they did not overlap, which is how the reference engine runs them. At
 // least the last block of a prompt is always computed (its logits are needed).
 //
@@ -88,6 +90,9 @@ struct PrefillSample {
   double tokens = 0;
   double context = 0;
   double seconds = 0;
+  // >= 0: the key tokens attended, given directly (a step that batched several requests, whose
+  // pairs are their sum; context is then ignored); < 0: from tokens and context.
+  double pairs = -1;
 };
 Result<PrefillCost> FitPrefillCost(const std::vector<PrefillSample>& samples);
 
@@ -122,11 +127,28 @@ class Planner {
   // The cheapest plan. A request with no loadable blocks (or an unknown tier index in
   // block_tier, which then ends the run there) is kRecompute with load_blocks = 0.
   Plan Choose(const PlanRequest& request) const;
+  // The cheapest "load blocks [0, L) of the run, compute the rest" over L (an engine that can
+  // only extend its own prefix by loading). load_blocks = L, recompute_blocks = run - L; kLoad
+  // when L is the whole run, kRecompute when L = 0, kSplit between. Within one tier the cost is
+  // concave in L, so the optimum sits at a run end or a tier change; every L is priced anyway.
+  Plan ChoosePrefix(const PlanRequest& request) const;
   // load(bytes, tier) for `blocks` blocks of tier `tier`; 0 for no blocks. Excludes
   // load_fixed_s, which a request pays once whatever it loads.
   double LoadSeconds(int tier, uint64_t blocks) const;
 
+  // TTFT of one request of `tokens` prompt tokens with nothing cached (RecomputeAllSeconds) or
+  // with every loadable block in `tier` (LoadAllSeconds), as Choose prices them.
+  double RecomputeAllSeconds(uint64_t tokens) const;
+  double LoadAllSeconds(int tier, uint64_t tokens) const;
+  // The smallest prompt length (to a token) at which loading every loadable block from `tier`
+  // beats recomputing them, found by doubling then bisection; 0 when loading does not win up
+  // to max_tokens. `plan crossover` and the vLLM connector report this one figure.
+  uint64_t CrossoverTokens(int tier, uint64_t max_tokens = 1u << 22) const;
+
  private:
+  // The loadable run: known tiers only, and never the block holding the last prompt token.
+  uint32_t LoadableRun(const PlanRequest& request) const;
+
   CostProfile profile_;
   bool valid_;
   DecisionCallback on_decision_;

@@ -33,6 +33,7 @@
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
+#include "planner.h"
 #include "stats.h"
 
 namespace nb = nanobind;
@@ -314,6 +315,8 @@ SessionEvent SessionEventFrom(const std::string& name) {
 }
 
 }  // namespace
+
+[[noreturn]] void RaiseStatus(const Status& s) { Raise(s); }
 }  // namespace kvtier
 
 NB_MODULE(_kvtier, m) {
@@ -323,6 +326,7 @@ NB_MODULE(_kvtier, m) {
   // report of objects alive at interpreter exit would only be noise in engines' logs.
   nb::set_leak_warnings(false);
   RegisterStats(m);
+  RegisterPlanner(m);
 
   // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
   PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);

@@ -176,8 +176,8 @@ Result<PrefillCost> FitPrefillCost(const std::vector<PrefillSample>& samples) {
     if (!Positive(s.seconds) || !NonNegative(s.tokens) || !NonNegative(s.context)) {
       return Status::InvalidArgument("prefill fit: samples need seconds > 0, tokens/context >= 0");
     }
-    const double row[3] = {1.0 / s.seconds, s.tokens / s.seconds,
-                           (s.tokens * s.context + s.tokens * s.tokens / 2) / s.seconds};
+    const double pairs = s.pairs >= 0 ? s.pairs : s.tokens * s.context + s.tokens * s.tokens / 2;
+    const double row[3] = {1.0 / s.seconds, s.tokens / s.seconds, pairs / s.seconds};
     for (int r = 0; r < 3; ++r) {
       for (int c = 0; c < 3; ++c) m[r][c] += row[r] * row[c];
       m[r][3] += row[r];  // target y / y = 1

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -168,6 +169,52 @@ TEST(Planner, ContextCapLimitsAttentionAndStaysAdditive) {
   EXPECT_DOUBLE_EQ(back->load_fixed_s, 0.01);
   p.load_fixed_s = -1;
   EXPECT_NE(p.Validate().message().find("load_fixed_s"), std::string::npos);
+}
+
+TEST(Planner, PrefixPlanLoadsTheFastHeadAndComputesBehindASlowTail) {
+  // Host blocks first, then remote blocks behind a 30 ms round trip: loading the host head
+  // pays, the remote tail does not (its 8 blocks compute in well under 30 ms).
+  CostProfile p = Profile(10e9, 20e-6);
+  p.tiers.push_back({"remote", 30e-3, 1e9});
+  Planner planner(p);
+  PlanRequest req = Request(64 * 20 + 1, 12, 0);
+  req.block_tier.insert(req.block_tier.end(), 8, 1);
+  Plan plan = planner.ChoosePrefix(req);
+  EXPECT_EQ(plan.choice, PlanChoice::kSplit) << plan.ToString();
+  EXPECT_EQ(plan.load_blocks, 12u);
+  EXPECT_EQ(plan.recompute_blocks, 8u);
+  EXPECT_LT(plan.predicted_s, plan.load_all_s);
+  EXPECT_LT(plan.predicted_s, plan.recompute_all_s);
+  // Every other L costs at least as much, by the formula.
+  for (uint32_t l = 0; l <= 20; ++l) {
+    const uint32_t host = std::min(l, 12u), remote = l > 12 ? l - 12 : 0;
+    double load = 0;
+    if (host) load += 20e-6 + host * double(p.block_bytes) / 10e9;
+    if (remote) load += 30e-3 + remote * double(p.block_bytes) / 1e9;
+    const double end = l * 64.0;
+    const double cost = p.prefill.fixed_s + load + p.prefill.Compute(req.prompt_tokens - end, end);
+    EXPECT_GE(cost, plan.predicted_s - 1e-12) << "L = " << l;
+  }
+  // A fast tier loads all; a slow one loads nothing.
+  EXPECT_EQ(Planner(Profile(100e9)).ChoosePrefix(Request(64 * 10 + 5, 10)).choice,
+            PlanChoice::kLoad);
+  Plan none = Planner(Profile(1e6, 0.5)).ChoosePrefix(Request(64 * 4 + 1, 4));
+  EXPECT_EQ(none.choice, PlanChoice::kRecompute);
+  EXPECT_EQ(none.load_blocks, 0u);
+  EXPECT_DOUBLE_EQ(none.predicted_s, none.recompute_all_s);
+}
+
+TEST(Planner, CrossoverIsWhereLoadingStartsToWin) {
+  Planner planner(Profile(2e9, 5e-3));
+  const uint64_t x = planner.CrossoverTokens(0);
+  ASSERT_GT(x, 64u);
+  EXPECT_LT(planner.LoadAllSeconds(0, x), planner.RecomputeAllSeconds(x));
+  EXPECT_GE(planner.LoadAllSeconds(0, x - 1), planner.RecomputeAllSeconds(x - 1));
+  // ChoosePrefix agrees on either side of it.
+  EXPECT_EQ(planner.ChoosePrefix(Request(uint32_t(x), uint32_t((x - 1) / 64))).choice,
+            PlanChoice::kLoad);
+  EXPECT_EQ(Planner(Profile(1e3, 10)).CrossoverTokens(0, 1 << 16), 0u);
+  EXPECT_EQ(planner.CrossoverTokens(5), 0u);  // no such tier
 }
 
 TEST(PlannerProfile, JsonRoundTripAndNamedErrors) {

@@ -27,6 +27,7 @@ struct PlanArgs {
   double remote_gbps = 25, remote_latency_us = 200;
   std::vector<uint64_t> tokens = {1000, 10000, 100000};
   bool json = false;
+  std::string cost_profile;  // a CostProfile file instead of GPU x model profiles
 };
 
 void AddCommon(CLI::App* app, PlanArgs* a) {
@@ -48,6 +49,9 @@ void AddCommon(CLI::App* app, PlanArgs* a) {
   app->add_option("--remote-latency-us", a->remote_latency_us, "Remote per-op latency, us")
       ->capture_default_str();
   app->add_flag("--json", a->json, "Print JSON instead of a table");
+  app->add_option("--cost-profile", a->cost_profile,
+                  "Price with this cost profile (`kvtier calibrate`, or the vLLM connector's "
+                  "cost_profile_out) instead of GPU x model profiles");
 }
 
 struct Deployment {
@@ -59,6 +63,19 @@ struct Deployment {
 
 // Every requested (or shipped) GPU x model pair; prints the error and returns false on bad input.
 bool Deployments(const PlanArgs& a, std::vector<Deployment>* out) {
+  if (!a.cost_profile.empty()) {
+    auto p = LoadCostProfile(a.cost_profile);
+    if (!p.ok()) {
+      std::fprintf(stderr, "kvtier plan: %s\n", p.status().ToString().c_str());
+      return false;
+    }
+    Deployment d;
+    d.gpu.name = p->machine.empty() ? a.cost_profile : p->machine;
+    d.model.name = p->model;
+    d.planner = std::make_unique<Planner>(std::move(p).value());
+    out->push_back(std::move(d));
+    return true;
+  }
   const auto gpus = a.gpus.empty() ? sim::ProfileNames("gpus") : a.gpus;
   const auto models = a.models.empty() ? sim::ProfileNames("models") : a.models;
   for (const auto& g : gpus) {
