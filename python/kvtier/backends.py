@@ -59,8 +59,15 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
                   if k.startswith("disk_") and k not in ("disk_path", "disk_capacity")}
         tiers.append(kvtier.disk_tier(config["disk_path"], config.get("disk_capacity", "8GiB"),
                                       **params))
+    if config.get("remote_url"):
+        # remote_url: redis://host:port; remote_<param>: the remote tier's params (doc/config.md).
+        params = {k[len("remote_"):]: str(v) for k, v in config.items()
+                  if k.startswith("remote_") and k != "remote_capacity"}
+        tiers.append(kvtier.TierSpec("remote", kvtier.parse_bytes(
+            config.get("remote_capacity", "16GiB")), params=params))
     if not tiers:
-        raise kvtier.InvalidArgument("kvtier config: no tier (set host_capacity or disk_path)")
+        raise kvtier.InvalidArgument("kvtier config: no tier (set host_capacity, disk_path or "
+                                     "remote_url)")
     return tiers
 
 

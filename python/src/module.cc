@@ -694,6 +694,13 @@ NB_MODULE(_kvtier, m) {
           },
           "options"_a)
       .def_prop_ro("num_tiers", &Cache::num_tiers)
+      .def(
+          "flush",
+          [](Cache& c) {
+            nb::gil_scoped_release release;
+            c.Flush();
+          },
+          "Waits for the background writes to lower tiers.")
       .def("prometheus_text", &Cache::PrometheusText);
 
   m.def("default_socket_path", &DefaultSocketPath,

@@ -84,8 +84,10 @@ def conversation(env, *, prefix_caching, kvtier=None, passes=1, name="", executo
 
 
 def kvtier_config(env, run):
+    # Runs C-F check the loads themselves: every hit is loaded (test_vllm_planner.py checks
+    # the planner's choices).
     return {"backend": "daemon", "socket": env["daemon"].socket, "timeout_ms": 5000,
-            "stats_path": f"{env['stats']}-{run}"}
+            "stats_path": f"{env['stats']}-{run}", "planner": "always-load"}
 
 
 def stats(env, run, role):

@@ -169,12 +169,13 @@ class Saver:
     def _store(self, batch, done) -> None:
         """Stores one batch taken off the queue (self._in_flight counts it) and runs done."""
         results = []
-        for keys, blocks, first_block, tenant, lora_id in batch:
+        for keys, blocks, first_block, tenant, lora_id, *session in batch:
             result, error = None, None
             try:
                 result = self._cache.store_keys(
                     [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
-                    first_block=first_block, tenant=tenant, lora_id=lora_id)
+                    first_block=first_block, tenant=tenant, lora_id=lora_id,
+                    session_id=session[0] if session else 0)
             except Exception as e:  # noqa: BLE001 - one bad entry must not stop the saver
                 error = e
             results.append((result, error))
