@@ -133,7 +133,7 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
   const bool cache = a.through == "cache" || a.through == "both";
   const bool daemon = a.through == "daemon" || a.through == "both";
   std::vector<std::string> policies = a.policies;
-  if (policies.empty()) policies = {"lru", "session"};
+  if (policies.empty()) policies = {"lru-tail", "session"};
   if (!a.socket.empty() && (policies.size() != 1 || !daemon)) {
     std::fprintf(stderr,
                  "kvtier replay: --socket drives one daemon: give one --policy (the "

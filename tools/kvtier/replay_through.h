@@ -16,7 +16,7 @@ struct ThroughArgs {
   std::string through;                // cache, daemon or both
   std::string events = "close";       // none, request, close (EngineEvents)
   std::string socket;                 // a running daemon to use instead of starting one
-  std::vector<std::string> policies;  // empty: lru and session
+  std::vector<std::string> policies;  // empty: lru-tail (what the Cache's LRU is) and session
   uint64_t capacity_tokens = 0;
   double capacity_live = 0;
   std::string json_path;
