@@ -98,6 +98,7 @@ void SessionAwarePolicy::Place(uint32_t node, const AccessHint& hint, bool is_ne
   }
   nodes_[node].position = hint.position;
   nodes_[node].stamp = stamp;
+  if (slot == 0) sessions_[0].last_touch = ++touches_;
   Link(node, sessions_[slot].sentinel);
 }
 
@@ -197,8 +198,10 @@ uint32_t SessionAwarePolicy::ChooseList() {
     int cls;
     double score;
     if (slot == 0) {
-      cls = 2;
-      score = 0;
+      // Never told a request ended, every session looks running: shared blocks then age
+      // among them rather than going first.
+      cls = told_ends_ ? 2 : 3;
+      score = told_ends_ ? 0 : -static_cast<double>(s.last_touch);
     } else if (s.state == State::kFinished) {
       cls = 0;
       score = -s.finished;
@@ -259,11 +262,13 @@ void SessionAwarePolicy::OnSessionEvent(uint64_t session_id, SessionEvent event,
       if (s.state != State::kActive || s.last_start < 0) Activate(s);
       break;
     case SessionEvent::kThinking:
+      told_ends_ = true;
       if (s.last_start < 0) Activate(s);
       SortRun(s);
       s.state = State::kThinking;
       break;
     case SessionEvent::kFinished:
+      told_ends_ = true;
       SortRun(s);
       s.state = State::kFinished;
       s.finished = static_cast<double>(clock_);

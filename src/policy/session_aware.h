@@ -10,6 +10,8 @@
 //      likely wait longer);
 //   3. the shared list (LRU);
 //   4. active sessions (a request of theirs is running), least recently touched first.
+// Until a kThinking or kFinished arrives every session looks running, and the shared list
+// ranks among them by its last touch instead of going first.
 // Inside a session, blocks go least recently touched first, and when a request ends the blocks
 // it touched are ordered by chain position, so its tail goes before its head whatever order
 // the caller touched them in (a Lookup touches the hit prefix, a later Store the new tail).
@@ -91,6 +93,7 @@ class SessionAwarePolicy final : public EvictionPolicy {
   std::vector<uint32_t> list_owner_;  // sentinel node -> session slot
   uint64_t clock_ = 0;                // requests started
   uint64_t touches_ = 0;              // touches, for the recency of active sessions
+  bool told_ends_ = false;            // a kThinking or kFinished ever arrived
   double global_gap_ = 10;
   uint64_t epoch_ = 0;  // bumps on every session event
   uint64_t chosen_epoch_ = UINT64_MAX;

@@ -71,6 +71,19 @@ TEST(SessionAwarePolicy, SharedBlocksOutliveThinkingSessionsActiveOnesGoLast) {
   EXPECT_EQ(p.PickVictim(kAny), Key(9));
 }
 
+// Told no request end, every session looks running: blocks two sessions share then age among
+// the sessions by their last touch instead of going first (which cost 0.4-3.5 pt against LRU
+// on the shipped AgentX trace through the API).
+TEST(SessionAwarePolicy, WithoutEventsSharedBlocksAgeAmongRunningSessions) {
+  SessionAwarePolicy p(16);
+  p.OnInsert(Key(2), {1, 1, 0});
+  p.OnInsert(Key(1), {1, 0, 0});
+  p.OnAccess(Key(1), {2, 0, 0});  // shared now, touched after session 1's last touch
+  p.OnInsert(Key(3), {2, 1, 0});
+  p.OnInsert(Key(9), {3, 0, 0});
+  for (uint64_t want : {2, 1, 3, 9}) EXPECT_EQ(p.PickVictim(kAny), Key(want));
+}
+
 TEST(SessionAwarePolicy, PinnedBlocksKeepTheirPlaceAndEraseForgets) {
   SessionAwarePolicy p(16);
   Request(p, 1, {1, 2, 3}, /*finish=*/true);
