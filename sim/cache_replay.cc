@@ -12,17 +12,7 @@ namespace {
 
 struct Tally {
   CacheReplayResult* r;
-  void Request(const workload::ReplayRequest& q, uint64_t matched) {
-    ++r->requests;
-    r->prompt_tokens += q.prompt_tokens;
-    const uint64_t hit = std::min<uint64_t>(matched * q.block_tokens, q.prompt_tokens);
-    r->hit_tokens += hit;
-    if (q.prompt_tokens > 0) {
-      r->request_hit_sum += static_cast<double>(hit) / static_cast<double>(q.prompt_tokens);
-    }
-    r->blocks += q.ids.size();
-    r->hit_blocks += matched;
-  }
+  void Request(const workload::ReplayRequest& q, uint64_t matched) { CountRequest(r, q, matched); }
 };
 
 // Calls progress at most every 4096 requests.
@@ -211,7 +201,108 @@ Result<CacheReplayResult> ReplayPolicy(workload::RequestStream& stream, const Ca
   return res;
 }
 
+// What the Cache does to its policy for an engine's Lookup then Store of the missed blocks
+// (src/cache/cache.cc LookupKeys, cache_store.cc StoreToTier and MakeRoom), with no clock of
+// its own and only the events of o.engine: ReplayThroughApi's figures, without the Cache.
+Result<CacheReplayResult> ReplayPolicyAsApi(workload::RequestStream& stream,
+                                            const CacheReplayOptions& o,
+                                            const ProgressFn& progress) {
+  CacheReplayResult res;
+  res.policy = o.policy;
+  res.capacity_tokens = o.capacity_tokens;
+  Ticker ticker{progress, stream};
+  ChainHasher hasher;
+  workload::ReplayRequest q;
+  uint32_t block_tokens = 0;
+  std::unique_ptr<EvictionPolicy> policy;
+  ReplayMap<uint8_t> resident;
+  const std::function<bool(const BlockKey&)> always = [](const BlockKey&) { return true; };
+  // The Cache's names (ReplayLibraryPolicy): its LRU touches chains last to first.
+  std::string name = o.policy == "lru-tail" ? "lru" : o.policy;
+  if (name.starts_with("lib:")) name = name.substr(4);
+  std::vector<uint32_t> todo;
+  stream.Rewind();
+  const double start = MonotonicSeconds();
+  while (stream.Next(&q)) {
+    KVTIER_RETURN_IF_ERROR(CheckBlockTokens(&block_tokens, q));
+    if (!policy) {
+      res.capacity_blocks = o.capacity_tokens / block_tokens;
+      KVTIER_ASSIGN_OR_RETURN(policy, MakeEvictionPolicy(name, res.capacity_blocks));
+    }
+    size_t common = 0;
+    std::span<const BlockKey> keys = hasher.Keys(q, &common);
+    const size_t n = keys.size();
+    uint32_t matched = 0;
+    while (matched < n && resident.Contains(keys[matched])) ++matched;
+    AccessHint hint{q.session, 0, q.start_s};
+    policy->OnAccessChain(keys.first(matched), hint);  // Lookup
+    todo.clear();
+    for (size_t i = n; i-- > matched;) {  // Store: last to first
+      hint.position = static_cast<uint32_t>(i);
+      if (resident.Contains(keys[i]))
+        policy->OnAccess(keys[i], hint);
+      else
+        todo.push_back(static_cast<uint32_t>(i));
+    }
+    std::reverse(todo.begin(), todo.end());
+    while (!todo.empty() && todo.back() >= res.capacity_blocks) todo.pop_back();  // ChainRoom
+    while (policy->size() + todo.size() > res.capacity_blocks) {                  // MakeRoom
+      std::optional<BlockKey> victim = policy->PickVictim(always);
+      if (!victim) break;
+      resident.Erase(*victim);
+      ++res.evicted_blocks;
+    }
+    // Room short: the head is kept, the tail refused.
+    const uint64_t held = policy->size();
+    todo.resize(held >= res.capacity_blocks
+                    ? 0
+                    : std::min<uint64_t>(todo.size(), res.capacity_blocks - held));
+    for (size_t j = todo.size(); j-- > 0;) {
+      hint.position = todo[j];
+      resident.Insert(keys[todo[j]], 1);
+      policy->OnInsert(keys[todo[j]], hint);
+      ++res.inserted_blocks;
+    }
+    if (*o.engine == EngineEvents::kClose && q.session_last)
+      policy->OnSessionEvent(q.session, SessionEvent::kFinished, q.start_s);
+    else if (*o.engine != EngineEvents::kNone)
+      policy->OnSessionEvent(q.session, SessionEvent::kThinking, q.start_s);
+    CountRequest(&res, q, matched);
+    res.peak_resident_blocks = std::max(res.peak_resident_blocks, resident.size());
+    ticker.Tick();
+  }
+  KVTIER_RETURN_IF_ERROR(stream.status());
+  res.seconds = MonotonicSeconds() - start;
+  res.table_bytes = resident.MemoryBytes();
+  stream.Rewind();
+  return res;
+}
+
 }  // namespace
+
+std::string_view EngineEventsName(EngineEvents e) {
+  switch (e) {
+    case EngineEvents::kNone:
+      return "none";
+    case EngineEvents::kRequestEnd:
+      return "request";
+    case EngineEvents::kClose:
+      return "close";
+  }
+  return "?";
+}
+
+void CountRequest(CacheReplayResult* r, const workload::ReplayRequest& q, uint64_t matched) {
+  ++r->requests;
+  r->prompt_tokens += q.prompt_tokens;
+  const uint64_t hit = std::min<uint64_t>(matched * q.block_tokens, q.prompt_tokens);
+  r->hit_tokens += hit;
+  if (q.prompt_tokens > 0) {
+    r->request_hit_sum += static_cast<double>(hit) / static_cast<double>(q.prompt_tokens);
+  }
+  r->blocks += q.ids.size();
+  r->hit_blocks += matched;
+}
 
 Status CacheReplayOptions::Validate() const {
   if (policy.empty()) return Status::InvalidArgument("no policy given");
@@ -255,6 +346,10 @@ Result<CacheReplayResult> ReplayCacheOnly(workload::RequestStream& stream,
                                           const ProgressFn& progress) {
   KVTIER_RETURN_IF_ERROR(options.Validate());
   const std::string& p = options.policy;
+  if (options.engine) {
+    if (p == "ideal") return Status::InvalidArgument("\"ideal\" has no engine-driven form");
+    return ReplayPolicyAsApi(stream, options, progress);
+  }
   if (p == "lru") {
     return ReplayLru(stream, options.capacity_tokens, false, TouchOrder::kHeadFirst, progress, p);
   }

@@ -19,8 +19,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -33,11 +35,25 @@ namespace kvtier::sim {
 
 enum class TouchOrder : uint8_t { kHeadFirst, kTailFirst };
 
+// Which session events an engine sends besides the session id on every call.
+enum class EngineEvents : uint8_t {
+  kNone,        // session ids only
+  kRequestEnd,  // + kThinking when each request finishes
+  kClose,       // + kFinished instead when the trace says the session ended (its client closed
+                //   it, or a sub-agent returned): an engine learns that only when told
+};
+std::string_view EngineEventsName(EngineEvents e);
+
 struct CacheReplayOptions {
   std::string policy = "lru";
   uint64_t capacity_tokens = 0;  // ignored by "ideal"
   // Touch order for library policies (lru and lru-tail fix their own).
   TouchOrder touch = TouchOrder::kTailFirst;
+  // Set: drive the library policy as the Cache does for an engine (ReplayThroughApi) instead:
+  // the lookup touches the hit prefix, the store then touches the rest (evicting for the
+  // missing blocks before inserting them), only these events are sent, and "lru" / "lru-tail"
+  // are the library's "lru" (the Cache's).
+  std::optional<EngineEvents> engine;
 
   Status Validate() const;
 };
@@ -68,6 +84,9 @@ struct CacheReplayResult {
 };
 
 using ProgressFn = std::function<void(double fraction)>;
+
+// Adds one request whose leading `matched` blocks hit to r: the one counting of every replay.
+void CountRequest(CacheReplayResult* r, const workload::ReplayRequest& q, uint64_t matched);
 
 // Runs one policy over the stream (rewound first and after). InvalidArgument for an unknown
 // policy or a zero block size; the stream's own error when it fails.

@@ -55,6 +55,20 @@ size_t Cache::Impl::ReserveHost(int partition, size_t n, std::vector<uint32_t>* 
   return got;
 }
 
+void Cache::Impl::TouchHost(std::span<const BlockKey> keys, std::span<const uint32_t> positions,
+                            uint64_t session_id) {
+  TierState& st = *tiers_[0];
+  const double now = MonotonicSeconds();
+  const TierMask bit = TierMask{1} << st.index;
+  MutexLock lock(&st.mu);
+  // Last to first, resident ones only, as Store touches what it finds present.
+  for (size_t i = keys.size(); i-- > 0;) {
+    IndexEntry e;
+    if (index_.Get(keys[i], &e) && (e.tiers & bit))
+      st.policy->OnAccess(keys[i], AccessHint{session_id, positions[i], now});
+  }
+}
+
 void Cache::Impl::UnreserveHost(std::span<const uint32_t> slots) {
   TierState& st = *tiers_[0];
   static_cast<HostTier*>(st.tier.get())->ReleaseSlots(slots);
@@ -250,6 +264,11 @@ HostTier& CacheHooks::SharedHost(Cache& cache) {
 
 size_t CacheHooks::Reserve(Cache& cache, int partition, size_t n, std::vector<uint32_t>* slots) {
   return cache.impl_->ReserveHost(partition, n, slots);
+}
+
+void CacheHooks::Touch(Cache& cache, std::span<const BlockKey> keys,
+                       std::span<const uint32_t> positions, uint64_t session_id) {
+  cache.impl_->TouchHost(keys, positions, session_id);
 }
 
 void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {

@@ -29,6 +29,11 @@ class CacheHooks {
   // *slots); they count as occupied until Unreserve or Commit.
   static size_t Reserve(Cache& cache, int partition, size_t n, std::vector<uint32_t>* slots);
   static void Unreserve(Cache& cache, std::span<const uint32_t> slots);
+  // Refreshes tier 0's policy for the resident keys[i] (chain positions[i]), last to first, as
+  // an in-process Store does for the blocks it finds present. Call before Reserve, which may
+  // otherwise evict them for the new blocks of the same request.
+  static void Touch(Cache& cache, std::span<const BlockKey> keys,
+                    std::span<const uint32_t> positions, uint64_t session_id);
 
   // Makes the reserved slots[i] resident as keys[i] (positions first_block.. of a chain) with
   // checksums[i]: published in tier 0, its policy and the index, with events, then queued for

@@ -247,7 +247,18 @@ class Cache::Impl {
   void Flush() KVTIER_EXCLUDES(writer_mu_);
 
   // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
+  // How many of todo (ascending chain positions of b) a managed tier can usefully hold: those
+  // at positions below its capacity in blocks.
+  static size_t ChainRoom(const TierState& st, const BlockBatch& b,
+                          const std::vector<uint32_t>& todo) {
+    const uint64_t cap = st.tier->capacity_blocks();
+    size_t n = todo.size();
+    while (n > 0 && b.positions[todo[n - 1]] >= cap) --n;
+    return n;
+  }
   size_t ReserveHost(int partition, size_t n, std::vector<uint32_t>* slots);
+  void TouchHost(std::span<const BlockKey> keys, std::span<const uint32_t> positions,
+                 uint64_t session_id);
   void UnreserveHost(std::span<const uint32_t> slots);
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                          std::span<const uint64_t> checksums, uint32_t first_block,

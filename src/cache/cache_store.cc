@@ -116,7 +116,9 @@ void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Stat
     // todo is in last-to-first order; the Put goes first to last.
     std::reverse(todo.begin(), todo.end());
     if (st.caps.managed_by_cache) {
-      const size_t fit = MakeRoom(st, todo.size(), &victims);
+      // Block p helps only with blocks 0..p-1 resident: positions past the tier's capacity
+      // are refused, so the store never evicts the prefix it extends for them.
+      const size_t fit = MakeRoom(st, ChainRoom(st, b, todo), &victims);
       // Keep the head of the chain when room is short.
       overflow.assign(todo.begin() + static_cast<ptrdiff_t>(fit), todo.end());
       todo.resize(fit);

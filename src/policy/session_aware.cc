@@ -49,8 +49,9 @@ uint32_t SessionAwarePolicy::SessionSlot(uint64_t session_id) {
   s.id = session_id;
   s.blocks = 0;
   s.state = State::kActive;
-  s.last_start_s = -1;
-  s.gap_s = -1;
+  s.last_start = -1;
+  s.gap = -1;
+  s.last_touch = 0;
   s.live = true;
   it->second = slot;
   return slot;
@@ -74,7 +75,16 @@ void SessionAwarePolicy::Unlink(uint32_t node) {
 }
 
 void SessionAwarePolicy::Place(uint32_t node, const AccessHint& hint, bool is_new) {
-  uint32_t slot = hint.session_id == 0 ? 0 : SessionSlot(hint.session_id);
+  uint32_t slot = 0;
+  uint64_t stamp = 0;
+  if (hint.session_id != 0) {
+    slot = SessionSlot(hint.session_id);
+    Session& s = sessions_[slot];
+    // A touch of a session that is not running starts a request of it (kActive implied).
+    if (s.state != State::kActive || s.last_start < 0) Activate(s);
+    s.last_touch = ++touches_;
+    stamp = static_cast<uint64_t>(s.last_start);
+  }
   if (!is_new) {
     const uint32_t owner = list_owner_[nodes_[node].list];
     if (owner != slot) slot = 0;  // a second session touched it: shared
@@ -86,8 +96,43 @@ void SessionAwarePolicy::Place(uint32_t node, const AccessHint& hint, bool is_ne
       free_slots_.push_back(owner);
     }
   }
+  nodes_[node].position = hint.position;
+  nodes_[node].stamp = stamp;
+  if (slot == 0) sessions_[0].last_touch = ++touches_;
   Link(node, sessions_[slot].sentinel);
-  now_s_ = std::max(now_s_, hint.now_s);
+}
+
+void SessionAwarePolicy::Activate(Session& s) {
+  SortRun(s);
+  ++epoch_;
+  ++clock_;
+  const double now = static_cast<double>(clock_);
+  if (s.last_start >= 0) {
+    const double gap = now - s.last_start;
+    s.gap = s.gap < 0 ? gap : 0.5 * s.gap + 0.5 * gap;
+    global_gap_ = 0.95 * global_gap_ + 0.05 * gap;
+  }
+  s.last_start = now;
+  s.state = State::kActive;
+}
+
+void SessionAwarePolicy::SortRun(Session& s) {
+  if (s.last_start < 0) return;
+  const uint64_t stamp = static_cast<uint64_t>(s.last_start);
+  std::vector<uint32_t>& run = run_scratch_;
+  run.clear();
+  for (uint32_t n = nodes_[s.sentinel].next; n != s.sentinel && nodes_[n].stamp == stamp;
+       n = nodes_[n].next)
+    run.push_back(n);
+  if (run.size() < 2) return;
+  std::stable_sort(run.begin(), run.end(), [this](uint32_t a, uint32_t b) {
+    return nodes_[a].position > nodes_[b].position;
+  });
+  // Relinked deepest first, each at the head: the chain's head ends most recent.
+  for (uint32_t n : run) {
+    Unlink(n);
+    Link(n, s.sentinel);
+  }
 }
 
 void SessionAwarePolicy::OnInsert(const BlockKey& key, const AccessHint& hint) {
@@ -130,15 +175,17 @@ void SessionAwarePolicy::OnErase(const BlockKey& key) {
 }
 
 double SessionAwarePolicy::ExpectedBack(const Session& s) const {
-  const double gap = s.gap_s >= 0 ? s.gap_s : global_gap_s_;
-  double back = s.last_start_s + gap;
-  if (back <= now_s_) back = now_s_ + (now_s_ - s.last_start_s);
+  const double now = static_cast<double>(clock_);
+  const double gap = s.gap >= 0 ? s.gap : global_gap_;
+  double back = s.last_start + gap;
+  if (back <= now) back = now + (now - s.last_start);
   return back;
 }
 
 uint32_t SessionAwarePolicy::ChooseList() {
   if (chosen_epoch_ == epoch_ && chosen_list_ != 0 &&
-      sessions_[list_owner_[chosen_list_]].blocks > 0) {
+      sessions_[list_owner_[chosen_list_]].blocks > 0 &&
+      sessions_[list_owner_[chosen_list_]].last_touch == chosen_touch_) {
     return chosen_list_;
   }
   // Rank: lower class goes first; inside a class, higher score goes first.
@@ -151,17 +198,19 @@ uint32_t SessionAwarePolicy::ChooseList() {
     int cls;
     double score;
     if (slot == 0) {
-      cls = 2;
-      score = 0;
+      // Never told a request ended, every session looks running: shared blocks then age
+      // among them rather than going first.
+      cls = told_ends_ ? 2 : 3;
+      score = told_ends_ ? 0 : -static_cast<double>(s.last_touch);
     } else if (s.state == State::kFinished) {
       cls = 0;
-      score = -s.finished_s;
+      score = -s.finished;
     } else if (s.state == State::kThinking) {
       cls = 1;
       score = ExpectedBack(s);
     } else {
       cls = 3;
-      score = -s.last_start_s;
+      score = -static_cast<double>(s.last_touch);
     }
     if (cls < best_class || (cls == best_class && score > best_score)) {
       best_class = cls;
@@ -171,6 +220,7 @@ uint32_t SessionAwarePolicy::ChooseList() {
   }
   chosen_epoch_ = epoch_;
   chosen_list_ = best;
+  chosen_touch_ = best ? sessions_[list_owner_[best]].last_touch : 0;
   return best;
 }
 
@@ -202,29 +252,26 @@ std::optional<BlockKey> SessionAwarePolicy::PickVictim(
   return std::nullopt;
 }
 
-void SessionAwarePolicy::OnSessionEvent(uint64_t session_id, SessionEvent event, double now_s) {
+void SessionAwarePolicy::OnSessionEvent(uint64_t session_id, SessionEvent event, double /*now_s*/) {
   if (session_id == 0) return;
   ++epoch_;
-  now_s_ = std::max(now_s_, now_s);
   const uint32_t slot = SessionSlot(session_id);
   Session& s = sessions_[slot];
   switch (event) {
     case SessionEvent::kActive:
-      if (s.last_start_s >= 0) {
-        const double gap = std::max(0.0, now_s - s.last_start_s);
-        s.gap_s = s.gap_s < 0 ? gap : 0.5 * s.gap_s + 0.5 * gap;
-        global_gap_s_ = 0.95 * global_gap_s_ + 0.05 * gap;
-      }
-      s.last_start_s = now_s;
-      s.state = State::kActive;
+      if (s.state != State::kActive || s.last_start < 0) Activate(s);
       break;
     case SessionEvent::kThinking:
-      if (s.last_start_s < 0) s.last_start_s = now_s;
+      told_ends_ = true;
+      if (s.last_start < 0) Activate(s);
+      SortRun(s);
       s.state = State::kThinking;
       break;
     case SessionEvent::kFinished:
+      told_ends_ = true;
+      SortRun(s);
       s.state = State::kFinished;
-      s.finished_s = now_s;
+      s.finished = static_cast<double>(clock_);
       if (s.blocks == 0) {
         slot_of_.erase(s.id);
         s.live = false;

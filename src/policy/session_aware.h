@@ -9,10 +9,18 @@
 //      long again as it has already waited (think times are heavy-tailed: who waited long will
 //      likely wait longer);
 //   3. the shared list (LRU);
-//   4. active sessions (a request of theirs is running), least recently active first.
-// Inside a session, blocks go least recently touched first: callers touch a request's blocks
-// last to first, so stale blocks of older requests go before the current chain's tail, and the
-// head goes last.
+//   4. active sessions (a request of theirs is running), least recently touched first.
+// Until a kThinking or kFinished arrives every session looks running, and the shared list
+// ranks among them by its last touch instead of going first.
+// Inside a session, blocks go least recently touched first, and when a request ends the blocks
+// it touched are ordered by chain position, so its tail goes before its head whatever order
+// the caller touched them in (a Lookup touches the hit prefix, a later Store the new tail).
+//
+// What it needs to know: a session id on every touch (AccessHint). A touch of a session that
+// is not active starts a request of it (kActive is implied); kThinking says the request ended,
+// kFinished that the session will not return. Time is the policy's own: the number of
+// requests started (not the caller's clock, which a replay compresses and which differs
+// between a daemon and its clients), so gaps are counted in requests.
 //
 // Thread-safety: none; the owner serializes calls (EvictionPolicy contract).
 #ifndef KVTIER_POLICY_SESSION_AWARE_H_
@@ -46,16 +54,19 @@ class SessionAwarePolicy final : public EvictionPolicy {
     BlockKey key;
     uint32_t prev = 0;
     uint32_t next = 0;
-    uint32_t list = 0;  // index of the list (sentinel node) holding it
+    uint32_t list = 0;      // index of the list (sentinel node) holding it
+    uint32_t position = 0;  // chain position of its last touch
+    uint64_t stamp = 0;     // request (clock_) of its last touch
   };
   struct Session {
     uint64_t id = 0;
     uint32_t sentinel = 0;  // node index of its list's sentinel
     uint64_t blocks = 0;
     State state = State::kActive;
-    double last_start_s = -1;
-    double gap_s = -1;  // average inter-request gap; < 0 = none yet
-    double finished_s = 0;
+    double last_start = -1;  // clock_ when its latest request started; < 0 = none yet
+    double gap = -1;         // average inter-request gap in requests; < 0 = none yet
+    double finished = 0;
+    uint64_t last_touch = 0;  // touches_ at its latest touch
     bool live = false;
   };
 
@@ -68,6 +79,10 @@ class SessionAwarePolicy final : public EvictionPolicy {
   // The list to take the next victim from; 0 when no block is held.
   uint32_t ChooseList();
   double ExpectedBack(const Session& s) const;
+  // Starts a request of the session: advances the clock and its gap estimate.
+  void Activate(Session& s);
+  // Orders the blocks its current request touched by chain position, head most recent.
+  void SortRun(Session& s);
 
   std::vector<Node> nodes_;
   std::vector<uint32_t> free_nodes_;
@@ -76,11 +91,15 @@ class SessionAwarePolicy final : public EvictionPolicy {
   std::vector<uint32_t> free_slots_;
   std::unordered_map<uint64_t, uint32_t> slot_of_;
   std::vector<uint32_t> list_owner_;  // sentinel node -> session slot
-  double now_s_ = 0;
-  double global_gap_s_ = 10;
+  uint64_t clock_ = 0;                // requests started
+  uint64_t touches_ = 0;              // touches, for the recency of active sessions
+  bool told_ends_ = false;            // a kThinking or kFinished ever arrived
+  double global_gap_ = 10;
   uint64_t epoch_ = 0;  // bumps on every session event
   uint64_t chosen_epoch_ = UINT64_MAX;
   uint32_t chosen_list_ = 0;
+  uint64_t chosen_touch_ = 0;  // the chosen session's last_touch when it was chosen
+  std::vector<uint32_t> run_scratch_;
 };
 
 std::unique_ptr<EvictionPolicy> MakeSessionAwarePolicy(uint64_t capacity_blocks);

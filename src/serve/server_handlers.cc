@@ -240,13 +240,23 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   r.offsets.assign(m.keys.size(), kNoOffset);
   std::vector<uint64_t> present(m.keys.size());
   host_->Offsets(m.keys, present);
-  std::vector<uint32_t> need;
+  std::vector<uint32_t> need, at;
+  std::vector<BlockKey> there;
   for (uint32_t i = 0; i < m.keys.size(); ++i) {
-    if (present[i] != kNoOffset)
+    if (present[i] != kNoOffset) {
       r.state[i] = static_cast<uint8_t>(SlotState::kPresent);
-    else
+      there.push_back(m.keys[i]);
+      at.push_back(m.first_block + i);
+    } else if (cache_->num_tiers() > 1 || m.first_block + uint64_t{i} < host_->capacity_blocks()) {
+      // As in process (Cache::Impl::ChainRoom): a position past the arena's capacity is
+      // refused rather than evicting the prefix it extends. With tiers below, it is taken:
+      // its bytes reach them only through an arena slot.
       need.push_back(i);
+    }
   }
+  // What the store finds present is touched before room is made, as in process: untouched,
+  // it could be evicted for the request's own new blocks.
+  if (!there.empty()) CacheHooks::Touch(*cache_, there, at, m.session_id);
   Reservation res;
   res.first_block = m.first_block;
   res.session_id = m.session_id;

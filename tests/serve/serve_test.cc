@@ -563,14 +563,20 @@ TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
         return receive();
       },
       5000));
-  // 20 blocks through an 8-block arena (stores and evictions), then a flush (removals).
+  // 20 blocks through an 8-block arena (stores and evictions), then a flush (removals): five
+  // chains of 4, as one chain of 20 would be refused past the arena's 8 blocks.
   const uint32_t n = 20;
-  for (uint32_t from = 0; from < n; from += 4)  // 4 at a time: each store evicts older ones
-    EXPECT_EQ(StoreChain(**c, 77, from + 4, from).stored_blocks, 4u);
+  for (uint32_t k = 0; k < n / 4; ++k)  // each store evicts older ones
+    EXPECT_EQ(StoreChain(**c, 77 + k, 4).stored_blocks, 4u);
   ASSERT_TRUE((*c)->Flush().ok());
   std::vector<BlockKey> keys;
   const BlockKey root = (*c)->Root();
-  HashPrefix(root, SmallLayout().block_tokens, Tokens(n * SmallLayout().block_tokens, 77), &keys);
+  for (uint32_t k = 0; k < n / 4; ++k) {
+    std::vector<BlockKey> chain;
+    HashPrefix(root, SmallLayout().block_tokens, Tokens(4 * SmallLayout().block_tokens, 77 + k),
+               &chain);
+    keys.insert(keys.end(), chain.begin(), chain.end());
+  }
   std::map<BlockKey, std::string> state;  // internal key -> last event
   auto all_removed = [&] {
     for (const BlockKey& k : keys) {

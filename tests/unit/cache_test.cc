@@ -145,6 +145,25 @@ TEST(CacheTest, CapacityIsNeverExceededAndTailGoesFirst) {
   EXPECT_EQ(s.tiers[0].evictions, 100u - 8u);
 }
 
+// Issue 28: a Store of a chain's next blocks evicted the head the same request had just hit
+// (its Lookup touched the head before the Store inserted the tail), so a context longer than
+// the tier left nothing usable behind. Positions past the capacity are refused instead.
+TEST(CacheTest, AStoreNeverEvictsThePrefixItExtends) {
+  auto cache = OpenCache({HostSpec(8)});
+  auto tokens = Tokens(12 * kBt);
+  Blocks head(*cache, tokens, 0, 8);
+  ASSERT_EQ(cache->Store(tokens, head.views)->stored_blocks, 8u);
+  EXPECT_EQ(cache->Lookup(tokens)->hit_blocks, 8u);
+  Blocks tail(*cache, tokens, 8, 4);
+  auto st = cache->Store(tokens, tail.views, 8);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->stored_blocks, 0u);
+  EXPECT_EQ(st->failed_blocks, 4u);
+  EXPECT_EQ(st->first_error.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache->Lookup(tokens)->hit_blocks, 8u);
+  EXPECT_EQ(cache->stats().tiers[0].evictions, 0u);
+}
+
 TEST(CacheTest, WriteThroughServesFromTheLowerTierAfterEviction) {
   auto cache = OpenCache({HostSpec(4, "hbm"), HostSpec(64, "dram")});
   auto tokens = Tokens(10 * kBt);

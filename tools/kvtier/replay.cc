@@ -9,6 +9,7 @@
 
 #include "command.h"
 #include "replay_common.h"
+#include "replay_through.h"
 #include "sim/cache_compare.h"
 #include "sim/report.h"
 #include "sim/timed_replay.h"
@@ -31,6 +32,7 @@ struct ReplayArgs {
   std::string touch = "tail";
   std::string json_path, csv_path, html_path;
   TimedArgs timed;
+  ThroughArgs through;
 };
 
 int RunCacheOnly(const ReplayArgs& a, const Loaded& loaded) {
@@ -157,9 +159,17 @@ int RunTraceStats(const ReplayArgs& a, const Loaded& loaded) {
 
 int Run(const ReplayArgs& a) {
   Loaded loaded;
-  const bool need_traces = !a.cache_only || a.trace_stats;
+  const bool need_traces = (!a.cache_only && a.through.through.empty()) || a.trace_stats;
   if (int rc = LoadWorkload(a.workload, &loaded, need_traces); rc != 0) return rc;
   if (a.trace_stats) return RunTraceStats(a, loaded);
+  if (!a.through.through.empty()) {
+    ThroughArgs t = a.through;
+    t.policies = a.policies;
+    t.capacity_tokens = a.capacity_tokens;
+    t.capacity_live = a.capacity_live;
+    t.json_path = a.json_path;
+    return RunThrough(t, loaded);
+  }
   if (a.cache_only) return RunCacheOnly(a, loaded);
   return RunTimedOnce(a.timed, loaded, a.policies, a.json_path, a.csv_path, a.html_path);
 }
@@ -174,6 +184,18 @@ KVTIER_REGISTER_COMMAND(
       kvtier::cli::AddWorkloadOptions(app, &a->workload);
       app->add_flag("--cache-only", a->cache_only,
                     "Timing-free replay of the exact definition (doc/replay.md)");
+      app->add_option("--through", a->through.through,
+                      "Drive a real cache with each request's Lookup and Store (doc/replay.md): "
+                      "cache (in process), daemon (a kvtier serve through a Client) or both")
+          ->check(CLI::IsMember({"cache", "daemon", "both"}));
+      app->add_option("--session-events", a->through.events,
+                      "With --through: what the engine tells the cache beyond the session id on "
+                      "every call: none, request (request finished) or close (default: and the "
+                      "session closed when the trace ends it)")
+          ->check(CLI::IsMember({"none", "request", "close"}));
+      app->add_option("--socket", a->through.socket,
+                      "With --through daemon: use the daemon on this socket instead of starting "
+                      "one (its config decides layout, capacity and policy)");
       app->add_flag("--trace-stats", a->trace_stats,
                     "Per-conversation hit rate from consecutive-request overlap (min, P25, "
                     "median, P75, mean), no cache model");

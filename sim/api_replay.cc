@@ -1,0 +1,92 @@
+#include "sim/api_replay.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace kvtier::sim {
+
+KvLayout ReplayLayout(uint32_t block_tokens) {
+  KvLayout l;
+  l.num_layers = 1;
+  l.num_kv_heads = 1;
+  l.head_dim = 1;
+  l.dtype = DType::kFp8;
+  l.attention = AttentionKind::kMla;
+  l.block_tokens = block_tokens;
+  return l;
+}
+
+std::string ReplayLibraryPolicy(std::string_view p) {
+  if (p == "lru" || p == "lru-tail") return "lru";
+  return std::string(p.starts_with("lib:") ? p.substr(4) : p);
+}
+
+CacheOptions ReplayCacheOptions(const KvLayout& layout, uint64_t blocks, std::string_view policy) {
+  CacheOptions co;
+  co.layout = layout;
+  co.model_id = "kvtier-replay";
+  TierSpec host;
+  host.kind = "host";
+  host.capacity_bytes = blocks * layout.bytes_per_block();
+  host.threads = 1;
+  host.eviction = ReplayLibraryPolicy(policy);
+  host.params["prefault"] = "false";
+  co.tiers.push_back(host);
+  return co;
+}
+
+Result<CacheReplayResult> ReplayThroughApi(workload::RequestStream& stream, KvCache& cache,
+                                           const ApiReplayOptions& o, const ProgressFn& progress) {
+  CacheReplayResult res;
+  res.capacity_tokens = o.capacity_tokens;
+  const uint32_t bt = cache.layout().block_tokens;
+  const uint64_t bb = cache.layout().bytes_per_block();
+  const std::vector<std::byte> zeros(bb);
+  std::vector<ConstBlock> blocks;
+  ChainHasher hasher;
+  workload::ReplayRequest q;
+  uint64_t n_req = 0;
+  const double start = MonotonicSeconds();
+  stream.Rewind();
+  while (stream.Next(&q)) {
+    if (q.block_tokens != bt)
+      return Status::InvalidArgument("the trace has " + std::to_string(q.block_tokens) +
+                                     "-token blocks, the cache " + std::to_string(bt));
+    size_t common = 0;
+    std::span<const BlockKey> keys = hasher.Keys(q, &common);
+    RequestOptions ro;
+    ro.session_id = q.session;
+    KVTIER_ASSIGN_OR_RETURN(LookupResult lookup, cache.LookupKeys(keys, ro));
+    const uint32_t matched = lookup.hit_blocks;
+    // As an engine after its Load: the pins go before the new blocks are stored.
+    lookup.pins.Release();
+    if (matched < keys.size()) {
+      blocks.assign(keys.size() - matched, ConstBlock(zeros.data(), bb));
+      KVTIER_ASSIGN_OR_RETURN(StoreResult s,
+                              cache.StoreKeys(keys.subspan(matched), blocks, matched, ro));
+      if (s.stored_blocks + s.present_blocks == 0 && !s.first_error.ok() &&
+          s.first_error.code() != StatusCode::kResourceExhausted)
+        return s.first_error.WithContext("store of request " + std::to_string(n_req));
+      res.inserted_blocks += s.stored_blocks;
+    }
+    if (o.events == EngineEvents::kClose && q.session_last)
+      cache.NotifySession(q.session, SessionEvent::kFinished);
+    else if (o.events != EngineEvents::kNone)
+      cache.NotifySession(q.session, SessionEvent::kThinking);
+    CountRequest(&res, q, matched);
+    if (progress && (++n_req & 1023) == 0) progress(stream.progress());
+  }
+  KVTIER_RETURN_IF_ERROR(stream.status());
+  res.seconds = MonotonicSeconds() - start;
+  const CacheStats st = cache.stats();
+  if (!st.tiers.empty()) {
+    res.evicted_blocks = st.tiers[0].evictions;
+    res.capacity_blocks = st.tiers[0].tier.capacity_bytes / std::max<uint64_t>(bb, 1);
+  }
+  stream.Rewind();
+  return res;
+}
+
+}  // namespace kvtier::sim
