@@ -165,6 +165,13 @@ typedef enum kvtier_session_event {
 KVTIER_C_EXPORT kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,
                                                   kvtier_session_event event);
 
+/* The engine's planner chose to recompute blocks_by_tier[t] hit blocks of tier t (the cache's
+ * tier order) rather than load them: counted as "tier.<name>.declined_blocks". Tiers past the
+ * cache's are ignored; through a client, one-way (dropped while the daemon is unreachable).
+ * INVALID_ARGUMENT for NULL arguments with n > 0. */
+KVTIER_C_EXPORT kvtier_code kvtier_cache_note_declined(kvtier_cache* cache,
+                                                       const uint32_t* blocks_by_tier, size_t n);
+
 /* The cache's main counters (kvtier_cache_stat reaches every one). */
 KVTIER_C_EXPORT kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out);
 

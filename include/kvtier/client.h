@@ -105,6 +105,8 @@ class Client final : public KvCache {
                                 uint32_t first_block = 0,
                                 const RequestOptions& request = {}) override;
   void NotifySession(uint64_t session_id, SessionEvent event) override;
+  // One-way: dropped while disconnected.
+  void NoteDeclined(std::span<const uint32_t> blocks_by_tier) override;
   // The daemon's cache stats; empty when it cannot be reached.
   CacheStats stats() const override;
 

@@ -95,6 +95,8 @@ struct CacheStats {
     uint64_t rejected = 0;        // refused by admission
     uint64_t corruptions = 0;     // loads that failed verification
     uint64_t write_failures = 0;  // background writes into this tier that failed
+    // Hit blocks the engine chose to recompute rather than load from this tier (its planner).
+    uint64_t declined_blocks = 0;
   };
   std::vector<PerTier> tiers;
   uint64_t lookups = 0;
@@ -148,6 +150,11 @@ class KvCache {
 
   // Session lifecycle hints for session-aware policies.
   virtual void NotifySession(uint64_t session_id, SessionEvent event) = 0;
+
+  // The engine chose to recompute blocks_by_tier[t] hit blocks of tier t rather than load them
+  // (its planner): counted per tier (CacheStats::PerTier::declined_blocks). Tiers past the
+  // cache's are ignored.
+  virtual void NoteDeclined(std::span<const uint32_t> blocks_by_tier) = 0;
 
   virtual CacheStats stats() const = 0;
 };

@@ -679,6 +679,15 @@ NB_MODULE(_kvtier, m) {
             c.NotifySession(session_id, SessionEventFrom(event));
           },
           "session_id"_a, "event"_a)
+      .def(
+          "note_declined",
+          [](KvCache& c, const std::vector<uint32_t>& blocks_by_tier) {
+            nb::gil_scoped_release release;
+            c.NoteDeclined(blocks_by_tier);
+          },
+          "blocks_by_tier"_a,
+          "The engine recomputed blocks_by_tier[t] hit blocks of tier t rather than load them "
+          "(counted as each tier's declined_blocks).")
       .def("stats", [](const KvCache& c) { return StatsDict(c.stats()); });
 
   nb::class_<Cache, KvCache>(m, "Cache", "The in-process cache (tiers in this process).")

@@ -155,6 +155,9 @@ def test_planner_modes(env):
     assert c["by_tier"]["remote"]["loaded_tokens"] > 0, c
     assert c["by_tier"]["remote"]["recomputed_by_choice_tokens"] > 0, c
     assert c["promised_missed_blocks"] == 0, c
+    with open(env["root"] / "stats-auto.scheduler.json") as f:
+        tiers = {t["name"]: t for t in json.load(f)["kvtier"]["tiers"]}
+    assert tiers["remote"]["declined_blocks"] > 0, tiers  # the cache's count (status, /metrics)
     ttft = {m: by_length([r for r in out["prompts"] if r["mode"] == m]) for m in MODES}
     load, recompute, auto = (ttft[m] for m in MODES)
     rows, worst = [], 0.0

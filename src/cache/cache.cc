@@ -324,6 +324,7 @@ CacheStats Cache::Impl::Stats() const {
     t.rejected = st->rejected.load(std::memory_order_relaxed);
     t.corruptions = st->corruptions.load(std::memory_order_relaxed);
     t.write_failures = st->write_failures.load(std::memory_order_relaxed);
+    t.declined_blocks = st->declined.load(std::memory_order_relaxed);
     s.tiers.push_back(std::move(t));
   }
   s.lookups = lookups_.load(std::memory_order_relaxed);
@@ -409,6 +410,13 @@ Result<StoreResult> Cache::StoreKeys(std::span<const BlockKey> keys,
                                      std::span<const ConstBlock> blocks, uint32_t first_block,
                                      const RequestOptions& request) {
   return impl_->StoreKeys(keys, blocks, first_block, request);
+}
+
+void Cache::NoteDeclined(std::span<const uint32_t> blocks_by_tier) {
+  for (size_t t = 0; t < blocks_by_tier.size() && t < impl_->tiers_.size(); ++t) {
+    if (blocks_by_tier[t] > 0)
+      impl_->tiers_[t]->declined.fetch_add(blocks_by_tier[t], std::memory_order_relaxed);
+  }
 }
 
 void Cache::NotifySession(uint64_t session_id, SessionEvent event) {

@@ -55,7 +55,7 @@ struct TierState {
   AdmissionPolicy admission KVTIER_GUARDED_BY(mu){AdmissionOptions{}};
   FlatKeyMap<uint32_t> positions KVTIER_GUARDED_BY(mu);  // key -> chain position (write-back)
   std::atomic<uint64_t> hit_blocks{0}, evictions{0}, writebacks{0}, rejected{0}, corruptions{0},
-      write_failures{0};
+      write_failures{0}, declined{0};
 };
 
 // Blocks on their way into a tier. blocks[i] may be empty until a background job reads it.

@@ -289,6 +289,17 @@ kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,
   });
 }
 
+kvtier_code kvtier_cache_note_declined(kvtier_cache* cache, const uint32_t* blocks_by_tier,
+                                       size_t n) {
+  return Guard("kvtier_cache_note_declined", [&] {
+    if (cache == nullptr || (blocks_by_tier == nullptr && n > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT,
+                  "kvtier_cache_note_declined: cache or blocks_by_tier is NULL");
+    cache->impl->NoteDeclined(std::span<const uint32_t>(blocks_by_tier, n));
+    return KVTIER_OK;
+  });
+}
+
 kvtier_code kvtier_cache_stats(const kvtier_cache* cache, kvtier_stats* out) {
   return Guard("kvtier_cache_stats", [&] {
     if (cache == nullptr || out == nullptr)

@@ -613,6 +613,12 @@ Result<uint32_t> Client::Prefetch(std::span<const TokenId> tokens, const Request
   return s.ok() ? staged : 0u;
 }
 
+void Client::NoteDeclined(std::span<const uint32_t> blocks_by_tier) {
+  (void)impl_->Call(
+      serve::MsgType::kDeclined, [&](Writer* w) { serve::EncodeDeclined(blocks_by_tier, w); },
+      nullptr, nullptr, nullptr, /*one_way=*/true);
+}
+
 void Client::NotifySession(uint64_t session_id, SessionEvent event) {
   (void)impl_->Call(
       serve::MsgType::kSession,

@@ -35,6 +35,8 @@ std::string_view MsgTypeName(uint16_t type) {
       return "prefetch";
     case MsgType::kBadBlock:
       return "bad-block";
+    case MsgType::kDeclined:
+      return "declined";
   }
   return "unknown";
 }
@@ -567,6 +569,24 @@ Status DecodeBadBlock(std::span<const std::byte> in, uint64_t* lease, uint32_t* 
   return r.Done("bad-block");
 }
 
+void EncodeDeclined(std::span<const uint32_t> blocks_by_tier, Writer* w) {
+  w->U32(static_cast<uint32_t>(blocks_by_tier.size()));
+  for (uint32_t b : blocks_by_tier) w->U32(b);
+}
+
+Status DecodeDeclined(std::span<const std::byte> in, std::vector<uint32_t>* blocks_by_tier) {
+  Reader r(in);
+  uint32_t n = 0;
+  r.U32(&n);
+  if (n > kMaxStatTiers) {
+    return Status::InvalidArgument("declined: " + std::to_string(n) + " tiers (at most " +
+                                   std::to_string(kMaxStatTiers) + ")");
+  }
+  blocks_by_tier->assign(n, 0);
+  for (uint32_t i = 0; i < n; ++i) r.U32(&(*blocks_by_tier)[i]);
+  return r.Done("declined");
+}
+
 void EncodeDropTenant(std::string_view tenant, Writer* w) { w->Str(tenant); }
 
 Status DecodeDropTenant(std::span<const std::byte> in, std::string* tenant) {
@@ -621,6 +641,10 @@ Status DecodeRequest(uint16_t type, std::span<const std::byte> payload) {
       uint64_t lease = 0;
       uint32_t block = 0;
       return DecodeBadBlock(payload, &lease, &block);
+    }
+    case MsgType::kDeclined: {
+      std::vector<uint32_t> v;
+      return DecodeDeclined(payload, &v);
     }
     case MsgType::kDropTenant: {
       std::string t;

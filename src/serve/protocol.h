@@ -28,7 +28,8 @@ namespace kvtier::serve {
 
 // 2: lookup and load replies carry each block's checksum (the client verifies what it reads);
 //    reserve carries the storing request's session id.
-inline constexpr uint32_t kProtocolVersion = 2;
+// 3: declined (the engine's planner recomputed hit blocks rather than load them).
+inline constexpr uint32_t kProtocolVersion = 3;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayload = 32u << 20;
@@ -51,6 +52,7 @@ enum class MsgType : uint16_t {
   kDropTenant = 11,
   kPrefetch = 12,  // a lookup payload: stage the hit prefix into the arena, no lease
   kBadBlock = 13,  // one-way {u64 lease, u32 block}: that block failed its checksum at load
+  kDeclined = 14,  // one-way {u32 n, n x u32}: hit blocks per tier the engine recomputed
 };
 std::string_view MsgTypeName(uint16_t type);
 
@@ -245,6 +247,9 @@ Status DecodeU64(std::span<const std::byte> in, uint64_t* v, std::string_view wh
 
 // Decodes any request payload of `type` (what the daemon does first); for the fuzz target.
 Status DecodeBadBlock(std::span<const std::byte> in, uint64_t* lease, uint32_t* block);
+void EncodeDeclined(std::span<const uint32_t> blocks_by_tier, Writer* w);
+// At most 64 entries (more is InvalidArgument).
+Status DecodeDeclined(std::span<const std::byte> in, std::vector<uint32_t>* blocks_by_tier);
 Status DecodeRequest(uint16_t type, std::span<const std::byte> payload);
 
 }  // namespace kvtier::serve

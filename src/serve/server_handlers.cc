@@ -388,6 +388,12 @@ Status Server::Impl::Handle(Conn* c, MsgType type, std::span<const std::byte> pa
       return OnRelease(c, payload);
     case MsgType::kBadBlock:
       return OnBadBlock(c, payload);
+    case MsgType::kDeclined: {
+      std::vector<uint32_t> by_tier;
+      KVTIER_RETURN_IF_ERROR(DecodeDeclined(payload, &by_tier));
+      cache_->NoteDeclined(by_tier);
+      return Status::Ok();
+    }
     case MsgType::kSession:
       return OnSession(payload);
     case MsgType::kStats:

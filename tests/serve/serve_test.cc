@@ -67,6 +67,12 @@ TEST_F(ServeTest, StoreLookupLoadThroughTheSharedArena) {
   EXPECT_EQ(st->cache.tiers[0].resident_blocks, 10u);
   EXPECT_GE(st->clients, 2u);
   EXPECT_EQ(st->pid, static_cast<uint64_t>(d.pid()));
+  // The engine's planner declines hits: one-way, counted by the daemon, seen by every client.
+  const uint32_t declined[] = {4};
+  (*c)->NoteDeclined(declined);
+  auto after = (*c)->GetDaemonStatus();  // same connection: after the one-way message
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->cache.tiers[0].declined_blocks, 4u);
   // These clients declared no model revision: the daemon says what that risks.
   EXPECT_NE(d.Log().find("model 'test' declares no revision"), std::string::npos) << d.Log();
 }

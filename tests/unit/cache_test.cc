@@ -491,5 +491,17 @@ TEST(CacheTest, PrometheusTextHasPerTierSeries) {
   EXPECT_NE(text.find("kvtier_lookups_total 1"), std::string::npos);
 }
 
+TEST(CacheTest, DeclinedBlocksAreCountedPerTierAndExported) {
+  auto cache = OpenCache({HostSpec(8, "dram"), HostSpec(8, "slow")});
+  const uint32_t declined[] = {0, 3, 7};  // a third tier the cache does not have: ignored
+  cache->NoteDeclined(declined);
+  cache->NoteDeclined(std::span<const uint32_t>(declined + 1, 1));
+  CacheStats s = cache->stats();
+  EXPECT_EQ(s.tiers[0].declined_blocks, 3u);
+  EXPECT_EQ(s.tiers[1].declined_blocks, 3u);
+  EXPECT_NE(cache->PrometheusText().find("kvtier_tier_declined_blocks_total{tier=\"slow\"} 3"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -591,11 +591,18 @@ class KvtierConnector(KVConnectorBase_V1):
         tiers = [self._tier_of(src) for src in hit.source[first:hit_blocks]]
         d = self._cost.decide(len(tokens), first, tiers)
         self._counters.decided(d.choice)
+        declined = [0] * (max(hit.source[first:hit_blocks]) + 1)
         for i, tier in enumerate(tiers[d.load_blocks:]):
             # Whole blocks past vLLM's own hit, left to vLLM to compute.
             begin = max((first + d.load_blocks + i) * self._kb, num_computed_tokens)
             self._counters.add_tier(tier, "recomputed_by_choice_tokens",
                                     (first + d.load_blocks + i + 1) * self._kb - begin)
+            declined[hit.source[first + d.load_blocks + i]] += 1
+        if any(declined):
+            try:  # the cache's own per-tier count (kvtier status, /metrics)
+                self._cache.note_declined(declined)
+            except kvtier.KvtierError as e:
+                self._warn_once("declined", f"kvtier: counting declined blocks failed ({e})")
         end = first + d.load_blocks
         if end * self._kb <= num_computed_tokens:
             hit.release()

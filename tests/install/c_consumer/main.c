@@ -25,8 +25,22 @@ static const char* kConfig =
  * its tiers' fields are there (and, through a daemon, the daemon's); a name it does not list is
  * NOT_FOUND. Returns 0 when all is well. */
 static int CheckStatNames(kvtier_cache* cache, int daemon) {
+  /* The planner's declined blocks, counted on the first tier. */
+  const uint32_t declined[1] = {2};
+  CHECK(kvtier_cache_note_declined(cache, declined, 1) == KVTIER_OK);
+  CHECK(kvtier_cache_note_declined(NULL, declined, 1) == KVTIER_INVALID_ARGUMENT);
   const char* list = NULL;
   CHECK(kvtier_cache_stat_names(cache, &list) == KVTIER_OK);
+  const char* d = strstr(list, ".declined_blocks");
+  CHECK(d != NULL);
+  while (d > list && d[-1] != '\n') --d; /* tier.<first tier>.declined_blocks */
+  char first[128];
+  size_t len = strcspn(d, "\n");
+  CHECK(len < sizeof first);
+  memcpy(first, d, len);
+  first[len] = '\0';
+  uint64_t n = 0;
+  CHECK(kvtier_cache_stat(cache, first, &n) == KVTIER_OK && n == 2);
   CHECK(strstr(list, "write_through_dropped_blocks") != NULL);
   CHECK(strstr(list, ".resident_blocks") != NULL); /* tier.<name>.resident_blocks */
   CHECK((strstr(list, "protocol_errors") != NULL) == (daemon != 0));
