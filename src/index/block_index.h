@@ -31,7 +31,8 @@ using TierMask = uint32_t;  // bit t set: resident in tier t
 struct IndexEntry {
   uint16_t tiers = 0;  // a TierMask (kMaxTiers <= 16)
   // Lookups that hit the block (MatchAndPin with MatchResult::reuse set), saturating at 65535:
-  // what admission's min_reuse judges. Kept while any tier holds the block.
+  // what admission's min_reuse judges. Kept while any tier holds the block. Two lookups at the
+  // same instant may count once (block_index.cc, CountReuse).
   uint16_t reuse = 0;
   uint32_t pins = 0;
   uint64_t checksum = 0;  // XXH3-64 of the bytes; 0 = not computed
