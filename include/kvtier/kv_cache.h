@@ -92,7 +92,10 @@ struct CacheStats {
     uint64_t hit_blocks = 0;  // blocks served by Lookup+Load from this tier
     uint64_t evictions = 0;
     uint64_t writebacks = 0;      // victims moved down on eviction
-    uint64_t rejected = 0;        // refused by admission
+    uint64_t rejected = 0;        // refused by admission: skipped_prefix + skipped_reuse
+    uint64_t admitted = 0;        // offered to this tier (below the first) and admitted
+    uint64_t skipped_prefix = 0;  // refused: the request was shorter than min_prefix_tokens
+    uint64_t skipped_reuse = 0;   // refused (for now): fewer lookup hits than min_reuse
     uint64_t corruptions = 0;     // loads that failed verification
     uint64_t write_failures = 0;  // background writes into this tier that failed
     // Hit blocks the engine chose to recompute rather than load from this tier (its planner).
@@ -108,8 +111,9 @@ struct CacheStats {
   uint64_t stored_blocks = 0;
   uint64_t write_queue_waits = 0;   // Stores that waited for room in the write queue
   uint64_t promotions_dropped = 0;  // promotions skipped because the write queue was full
-  // Blocks the daemon's commits kept in the host arena only: the write queue was full (the
-  // lower tiers slower than the commits), and a commit never waits for it.
+  // Blocks kept in the first tier only, not written through: the write queue was full (the
+  // lower tiers slower than the writes), and neither a daemon's commit nor a lookup's reuse
+  // write (admission's min_reuse) waits for it.
   uint64_t write_through_dropped_blocks = 0;
   Histogram::Snapshot lookup_latency_ns;
   Histogram::Snapshot load_latency_ns;

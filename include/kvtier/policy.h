@@ -73,29 +73,29 @@ Result<std::unique_ptr<EvictionPolicy>> MakeEvictionPolicy(std::string_view name
                                                            uint64_t capacity_blocks);
 std::vector<std::string> EvictionPolicyNames();
 
-// Whether a tier takes a block offered to it.
+// Which blocks a tier takes (doc/design.md, "Admission"): a block goes in only when every rule
+// set holds; 0 turns a rule off, so the default admits everything. Judged whenever a block is
+// offered to the tier: at a store or commit, when a write-back victim comes down, and (for
+// min_reuse, write-through) when a lookup hit brings a block's reuse up to min_reuse.
 struct AdmissionOptions {
-  enum class Kind : uint8_t { kAlways, kMinPrefixTokens, kAfterNHits };
-  Kind kind = Kind::kAlways;
-  uint64_t min_prefix_tokens = 0;  // kMinPrefixTokens: admit only requests this long
-  uint32_t hits = 2;               // kAfterNHits: admit on the Nth time a key is offered
+  // Lookups that must have hit the block (served it to a later request) first, 0..65535.
+  uint32_t min_reuse = 0;
+  // Tokens of the request the block belongs to (a write-back victim: up to its block).
+  uint64_t min_prefix_tokens = 0;
+  bool admits_all() const { return min_reuse == 0 && min_prefix_tokens == 0; }
   Status Validate() const;
 };
-std::string_view AdmissionKindName(AdmissionOptions::Kind kind);
-std::optional<AdmissionOptions::Kind> ParseAdmissionKind(std::string_view name);
 
-// Thread-safety: none; the owner serializes calls.
-class AdmissionPolicy {
- public:
-  explicit AdmissionPolicy(AdmissionOptions options);
-  // Decides for one block of a request whose prompt has prefix_tokens tokens.
-  bool Admit(const BlockKey& key, uint64_t prefix_tokens);
+// Refused on tiers[0]: the first tier takes every stored block (through the daemon, a client
+// has written it there already); admission selects what goes below it.
+inline constexpr const char* kFirstTierAdmits =
+    "the first tier takes every block; set admission on the tiers below it";
 
- private:
-  AdmissionOptions options_;
-  // Counts of offers for kAfterNHits, in a bounded table: old counts are forgotten.
-  std::vector<std::pair<BlockKey, uint32_t>> counts_;
-};
+// Why a block was refused; the prefix rule is judged first.
+enum class AdmissionVerdict : uint8_t { kAdmit, kSkipPrefix, kSkipReuse };
+// Pure: a block hit `reuse` times, of a request of prefix_tokens tokens.
+AdmissionVerdict JudgeAdmission(const AdmissionOptions& options, uint32_t reuse,
+                                uint64_t prefix_tokens);
 
 }  // namespace kvtier
 

@@ -53,6 +53,8 @@ Status CacheOptions::Validate() const {
     auto probe = MakeEvictionPolicy(t.eviction, 1);
     if (!probe.ok()) return probe.status().WithContext(TierField(i, "eviction"));
     KVTIER_RETURN_IF_ERROR(t.admission.Validate().WithContext(TierField(i, "admission")));
+    if (i == 0 && !t.admission.admits_all())
+      return Status::InvalidArgument(TierField(i, "admission") + ": " + kFirstTierAdmits);
     std::string name = t.instance ? t.instance->name() : (t.name.empty() ? t.kind : t.name);
     if (!names.insert(name).second)
       return Status::InvalidArgument(TierField(i, "name") + ": '" + name +
@@ -73,6 +75,8 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   r.keys.assign(keys.begin(), keys.end());
   MatchResult m;
   m.checksums = checksums;
+  std::vector<uint16_t> reuse;
+  if (count_reuse_) m.reuse = &reuse;
   auto held = std::make_unique<IndexPins>();
   index_.MatchAndPin(keys, &m, &held->pins);
   if (!held->pins.empty()) r.pins = PinHandle(std::move(held));
@@ -136,6 +140,11 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
       st->policy->OnAccess(keys[i], hint);
     }
   }
+
+  // Write-through: blocks a lower tier refused for too little reuse go down once they have it.
+  if (!reuse.empty() && options_.write_mode == WriteMode::kWriteThrough)
+    QueueReused(keys, masks, reuse, uint64_t{keys.size()} * options_.layout.block_tokens,
+                request.session_id);
 
   lookups_.fetch_add(1, std::memory_order_relaxed);
   lookup_blocks_.fetch_add(keys.size(), std::memory_order_relaxed);
@@ -322,6 +331,9 @@ CacheStats Cache::Impl::Stats() const {
     t.evictions = st->evictions.load(std::memory_order_relaxed);
     t.writebacks = st->writebacks.load(std::memory_order_relaxed);
     t.rejected = st->rejected.load(std::memory_order_relaxed);
+    t.admitted = st->admitted.load(std::memory_order_relaxed);
+    t.skipped_prefix = st->skipped_prefix.load(std::memory_order_relaxed);
+    t.skipped_reuse = st->skipped_reuse.load(std::memory_order_relaxed);
     t.corruptions = st->corruptions.load(std::memory_order_relaxed);
     t.write_failures = st->write_failures.load(std::memory_order_relaxed);
     t.declined_blocks = st->declined.load(std::memory_order_relaxed);

@@ -122,18 +122,24 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
   }
   EmitAll(events);
   if (lower && async_) {
-    // In the background, from tier 0's copy, pinned until written.
+    // In the background, from tier 0's copy, pinned until written: only what some lower tier
+    // admits now (QueueBelow's rule; a lookup hit may queue the rest later, QueueReused).
+    const int last = static_cast<int>(tiers_.size()) - 1;
     WriteJob job;
     job.pins = index_.Pin(keys);
     for (size_t j = 0; j < keys.size(); ++j) {
       IndexEntry e;
-      if (!index_.Get(keys[j], &e) || !(e.tiers & 1)) continue;  // evicted before the pin
-      job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, session_id);
+      if (!index_.Get(keys[j], &e) || !(e.tiers & 1)) continue;   // evicted before the pin
+      if ((e.tiers >> 1) == (TierMask{1} << last) - 1) continue;  // every lower tier has it
+      if (!WantedBelow(1, last, e.tiers, e.reuse, prefix_tokens)) continue;
+      job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, session_id,
+                    e.reuse);
       job.from.push_back(0);
     }
+    job.pins = index_.Pin(job.batch.keys);
     job.batch.now_s = b.now_s;
     job.first_target = 1;
-    job.last_target = static_cast<int>(tiers_.size()) - 1;
+    job.last_target = last;
     // Never waits for the writer: a commit that waited on a slow SSD or Redis ran past the
     // client's deadline, and the client dropped its leases and stores. A full queue drops the
     // write-through instead (counted): the blocks stay in the arena, unpinned, so they stay

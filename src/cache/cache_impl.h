@@ -46,16 +46,19 @@ struct TierState {
   HostTier* arena_host = nullptr;
   // Write-back with a tier below: victims carry their chain position down.
   bool tracks_positions = false;
-  Mutex mu;  // serialises residency changes of this tier: policy, admission, room
+  // Which blocks the tier takes (set at open, read without a lock); tiers below the first only.
+  AdmissionOptions admission;
+  Mutex mu;  // serialises residency changes of this tier: policy, room
   // Null for a self-managed tier (!caps.managed_by_cache).
   std::unique_ptr<EvictionPolicy> policy KVTIER_GUARDED_BY(mu);
   // Slots not in the policy that still count as occupied: blocks given room whose Put is in
   // flight, and blocks taken out of the policy whose Erase is in flight (both outside mu).
   size_t reserved KVTIER_GUARDED_BY(mu) = 0;
-  AdmissionPolicy admission KVTIER_GUARDED_BY(mu){AdmissionOptions{}};
   FlatKeyMap<uint32_t> positions KVTIER_GUARDED_BY(mu);  // key -> chain position (write-back)
   std::atomic<uint64_t> hit_blocks{0}, evictions{0}, writebacks{0}, rejected{0}, corruptions{0},
       write_failures{0}, declined{0};
+  // Admission's verdicts (rejected = skipped_prefix + skipped_reuse).
+  std::atomic<uint64_t> admitted{0}, skipped_prefix{0}, skipped_reuse{0};
 };
 
 // Blocks on their way into a tier. blocks[i] may be empty until a background job reads it.
@@ -66,22 +69,21 @@ struct BlockBatch {
   std::vector<uint32_t> positions;      // chain position: the policy's hint
   std::vector<uint64_t> prefix_tokens;  // the prefix length admission judges
   std::vector<uint64_t> sessions;
+  // Lookup hits known when queued (a victim's, whose index entry may be gone when it is
+  // written); admission takes the larger of this and the index's count.
+  std::vector<uint16_t> reuse;
   double now_s = 0;
 
   size_t size() const { return keys.size(); }
   void Add(const BlockKey& key, ConstBlock block, uint64_t checksum, uint32_t position,
-           uint64_t prefix, uint64_t session) {
+           uint64_t prefix, uint64_t session, uint16_t hits = 0) {
     keys.push_back(key);
     blocks.push_back(block);
     checksums.push_back(checksum);
     positions.push_back(position);
     prefix_tokens.push_back(prefix);
     sessions.push_back(session);
-  }
-  void Append(const BlockBatch& o) {
-    for (size_t i = 0; i < o.size(); ++i)
-      Add(o.keys[i], o.blocks[i], o.checksums[i], o.positions[i], o.prefix_tokens[i],
-          o.sessions[i]);
+    reuse.push_back(hits);
   }
 };
 
@@ -92,6 +94,7 @@ struct Victim {
   uint64_t change = 0;  // the index's number for its removal (its event's seq); 0: none
   uint64_t checksum = 0;
   uint32_t position = 0;
+  uint16_t reuse = 0;
   bool below_has = false;  // the tier below holds it already
 };
 
@@ -150,8 +153,9 @@ class Cache::Impl {
         KVTIER_ASSIGN_OR_RETURN(policy,
                                 MakeEvictionPolicy(spec.eviction, st->tier->capacity_blocks()));
         if (st->caps.managed_by_cache) st->policy = std::move(policy);
-        st->admission = AdmissionPolicy(spec.admission);
       }
+      st->admission = spec.admission;
+      count_reuse_ |= spec.admission.min_reuse > 0;
       if (!st->caps.managed_by_cache) {
         const int t = st->index;
         st->tier->SetRemovalListener([this, t](std::span<const BlockKey> keys) {
@@ -266,11 +270,27 @@ class Cache::Impl {
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 
+  // Judges one block offered to st by its admission and counts the verdict there (tiers below
+  // the first only; the first admits everything uncounted).
+  bool Admit(TierState& st, uint32_t reuse, uint64_t prefix_tokens);
+  // Whether some tier in [first, last] that lacks the block (has: the tiers holding it) would
+  // admit it now. When none would, each of them counts its refusal here: the block is not
+  // queued. Otherwise each tier judges, and counts, it when the writer offers it.
+  bool WantedBelow(int first, int last, TierMask has, uint32_t reuse, uint64_t prefix_tokens);
+  // Write-through's second chance: hit blocks [0, reuse.size()) of a lookup that tier 0 holds
+  // and a tier below lacks, whose reuse has reached that tier's min_reuse, are queued for it
+  // from tier 0 (never waiting: a full queue drops them, counted as write_through_dropped).
+  void QueueReused(std::span<const BlockKey> keys, std::span<const TierMask> masks,
+                   std::span<const uint16_t> reuse, uint64_t prefix_tokens, uint64_t session_id)
+      KVTIER_EXCLUDES(writer_mu_);
+
   // Drops key from st (a corrupt or missing block), keeping the index honest.
   void DropBlock(TierState& st, const BlockKey& key);
 
   const CacheOptions options_;
   BlockKey default_root_;
+  // Some tier's admission has min_reuse: lookups count each hit block's reuse in the index.
+  bool count_reuse_ = false;
   BlockIndex index_;
   std::vector<std::unique_ptr<TierState>> tiers_;
   bool verify_any_ = false;

@@ -4,6 +4,34 @@
 
 namespace kvtier {
 
+bool Cache::Impl::Admit(TierState& st, uint32_t reuse, uint64_t prefix_tokens) {
+  if (st.index == 0) return true;
+  switch (JudgeAdmission(st.admission, reuse, prefix_tokens)) {
+    case AdmissionVerdict::kAdmit:
+      st.admitted.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    case AdmissionVerdict::kSkipPrefix:
+      st.skipped_prefix.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case AdmissionVerdict::kSkipReuse:
+      st.skipped_reuse.fetch_add(1, std::memory_order_relaxed);
+      break;
+  }
+  st.rejected.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+bool Cache::Impl::WantedBelow(int first, int last, TierMask has, uint32_t reuse,
+                              uint64_t prefix_tokens) {
+  for (int t = first; t <= last; ++t)
+    if (!(has & (TierMask{1} << t)) &&
+        JudgeAdmission(tiers_[t]->admission, reuse, prefix_tokens) == AdmissionVerdict::kAdmit)
+      return true;
+  for (int t = first; t <= last; ++t)
+    if (!(has & (TierMask{1} << t))) (void)Admit(*tiers_[t], reuse, prefix_tokens);
+  return false;
+}
+
 size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* victims,
                              const std::function<bool(const BlockKey&)>* allow,
                              size_t min_victims) {
@@ -31,6 +59,7 @@ size_t Cache::Impl::MakeRoom(TierState& st, size_t need, std::vector<Victim>* vi
     v.key = *victim;
     v.change = *change;
     v.checksum = known ? e.checksum : 0;
+    v.reuse = known ? e.reuse : 0;
     v.below_has = known && (e.tiers & below_bit);
     if (const uint32_t* p = st.positions.Find(*victim)) {
       v.position = *p;
@@ -52,12 +81,17 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
   keys.reserve(victims.size());
   for (const Victim& v : victims) keys.push_back(v.key);
   if (write_back) {
-    // One Get for the victims the tier below lacks; they go down as one batch.
+    // One Get for the victims the tier below lacks and admits; they go down as one batch.
     WriteJob job;
     std::vector<BlockKey> gk;
     std::vector<uint32_t> gi;
+    const int next = st.index + 1;
+    auto prefix_of = [&](const Victim& v) {
+      return (uint64_t{v.position} + 1) * options_.layout.block_tokens;
+    };
     for (uint32_t i = 0; i < victims.size(); ++i)
-      if (!victims[i].below_has) {
+      if (!victims[i].below_has &&
+          WantedBelow(next, next, 0, victims[i].reuse, prefix_of(victims[i]))) {
         gk.push_back(victims[i].key);
         gi.push_back(i);
       }
@@ -70,8 +104,7 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
       for (size_t j = 0; j < gk.size(); ++j) {
         const Victim& v = victims[gi[j]];
         if (!call.ok() || !gs[j].ok()) continue;  // gone already: nothing to move
-        job.batch.Add(v.key, out[j], v.checksum, v.position,
-                      (uint64_t{v.position} + 1) * options_.layout.block_tokens, 0);
+        job.batch.Add(v.key, out[j], v.checksum, v.position, prefix_of(v), 0, v.reuse);
         job.from.push_back(-1);
       }
       if (job.batch.size() > 0) {
@@ -105,8 +138,7 @@ void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Stat
         results[i] = Status::Ok();
         continue;
       }
-      if (!st.admission.Admit(b.keys[i], b.prefix_tokens[i])) {
-        st.rejected.fetch_add(1, std::memory_order_relaxed);
+      if (!Admit(st, std::max<uint32_t>(b.reuse[i], e.reuse), b.prefix_tokens[i])) {
         results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
         continue;
       }
@@ -147,7 +179,7 @@ void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Stat
           block = ConstBlock(job.Slot(j, bb), bb);
         }
         job.batch.Add(b.keys[i], block, b.checksums[i], b.positions[i], b.prefix_tokens[i],
-                      b.sessions[i]);
+                      b.sessions[i], b.reuse[i]);
         job.from.push_back(-1);
       }
       job.batch.now_s = b.now_s;
@@ -277,6 +309,7 @@ void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>*
   const TierMask top_bit = TierMask{1} << top;
   TierMask lower = 0;
   for (size_t t = top + 1; t < tiers_.size(); ++t) lower |= TierMask{1} << t;
+  const int last = static_cast<int>(tiers_.size()) - 1;
   WriteJob job;
   std::vector<uint32_t> idx;
   for (uint32_t i = 0; i < b.size(); ++i) {
@@ -285,9 +318,12 @@ void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>*
       (*ok_anywhere)[i] = 1;  // every lower tier has it already
       continue;
     }
+    // Refused below now: no copy queued (a lookup hit may queue it later, QueueReused).
+    const uint16_t reuse = std::max(b.reuse[i], e.reuse);
+    if (!WantedBelow(top + 1, last, e.tiers, reuse, b.prefix_tokens[i])) continue;
     idx.push_back(i);
     job.batch.Add(b.keys[i], ConstBlock(), b.checksums[i], b.positions[i], b.prefix_tokens[i],
-                  b.sessions[i]);
+                  b.sessions[i], reuse);
   }
   if (idx.empty()) return;
   job.pins = index_.Pin(job.batch.keys);
@@ -312,9 +348,43 @@ void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>*
   job.from = std::move(from);
   job.batch.now_s = b.now_s;
   job.first_target = top + 1;
-  job.last_target = static_cast<int>(tiers_.size()) - 1;
+  job.last_target = last;
   for (uint32_t i : idx) (*ok_anywhere)[i] = 1;  // queued: a failure below shows in stats
   Enqueue(std::move(job), /*wait=*/true);
+}
+
+void Cache::Impl::QueueReused(std::span<const BlockKey> keys, std::span<const TierMask> masks,
+                              std::span<const uint16_t> reuse, uint64_t prefix_tokens,
+                              uint64_t session_id) {
+  const int last = static_cast<int>(tiers_.size()) - 1;
+  WriteJob job;
+  for (uint32_t i = 0; i < reuse.size(); ++i) {
+    if (!(masks[i] & 1)) continue;  // not in tier 0: nothing to copy down from
+    bool reached = false;
+    for (int t = 1; t <= last && !reached; ++t) {
+      const AdmissionOptions& a = tiers_[t]->admission;
+      reached = a.min_reuse > 0 && !(masks[i] & (TierMask{1} << t)) && reuse[i] >= a.min_reuse &&
+                prefix_tokens >= a.min_prefix_tokens;
+    }
+    if (!reached) continue;
+    job.batch.Add(keys[i], ConstBlock(), 0, i, prefix_tokens, session_id, reuse[i]);
+    job.from.push_back(0);
+  }
+  const size_t n = job.batch.size();
+  if (n == 0) return;
+  // Pinned in tier 0 until written (the lookup's own pins hold them until then).
+  job.pins = index_.Pin(job.batch.keys);
+  job.batch.now_s = MonotonicSeconds();
+  job.first_target = 1;
+  job.last_target = last;
+  if (!async_) {  // no writer (write_queue_blocks: 0): written here, as Store writes
+    std::vector<WriteJob> jobs;
+    jobs.push_back(std::move(job));
+    RunJobs(jobs);
+    return;
+  }
+  if (!Enqueue(std::move(job), /*wait=*/false))
+    write_through_dropped_.fetch_add(n, std::memory_order_relaxed);
 }
 
 Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,

@@ -1,8 +1,36 @@
 // The Cache's background writer: lower-tier writes and promotions, in batches, off the
 // caller's path; a bounded queue gives backpressure.
+#include <unordered_set>
+
 #include "cache/cache_impl.h"
 
 namespace kvtier {
+namespace {
+
+// The batches of jobs[a] and of every later job not yet taken with the same targets, as one
+// batch: one Put per tier. Jobs queued apart may carry one block twice (two hits queued its
+// reuse write before the writer ran): it is kept once, so the tier is written once.
+BlockBatch MergeJobs(std::vector<WriteJob>& jobs, size_t a, std::vector<bool>* taken) {
+  BlockBatch batch;
+  batch.now_s = jobs[a].batch.now_s;
+  std::unordered_set<BlockKey> seen;  // from the second job on
+  for (size_t c = a; c < jobs.size(); ++c) {
+    if ((*taken)[c] || jobs[c].first_target != jobs[a].first_target ||
+        jobs[c].last_target != jobs[a].last_target || jobs[c].victims_of != jobs[a].victims_of)
+      continue;
+    (*taken)[c] = true;
+    const bool dedupe = c != a;
+    if (dedupe && seen.empty()) seen.insert(batch.keys.begin(), batch.keys.end());
+    const BlockBatch& b = jobs[c].batch;
+    for (size_t i = 0; i < b.size(); ++i)
+      if (!dedupe || seen.insert(b.keys[i]).second)
+        batch.Add(b.keys[i], b.blocks[i], b.checksums[i], b.positions[i], b.prefix_tokens[i],
+                  b.sessions[i], b.reuse[i]);
+  }
+  return batch;
+}
+
+}  // namespace
 
 void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
   const uint64_t bb = options_.layout.bytes_per_block();
@@ -64,22 +92,15 @@ void Cache::Impl::RunJobs(std::vector<WriteJob>& jobs) {
     for (uint32_t i = 0; i < n; ++i)
       if (keep[i])
         kept.Add(job.batch.keys[i], job.batch.blocks[i], job.batch.checksums[i],
-                 job.batch.positions[i], job.batch.prefix_tokens[i], job.batch.sessions[i]);
+                 job.batch.positions[i], job.batch.prefix_tokens[i], job.batch.sessions[i],
+                 job.batch.reuse[i]);
     job.batch = std::move(kept);
   }
   // Jobs with the same targets become one batch: one Put per tier.
   std::vector<bool> taken(jobs.size(), false);
   for (size_t a = 0; a < jobs.size(); ++a) {
     if (taken[a]) continue;
-    BlockBatch batch;
-    batch.now_s = jobs[a].batch.now_s;
-    for (size_t c = a; c < jobs.size(); ++c) {
-      if (taken[c] || jobs[c].first_target != jobs[a].first_target ||
-          jobs[c].last_target != jobs[a].last_target || jobs[c].victims_of != jobs[a].victims_of)
-        continue;
-      taken[c] = true;
-      batch.Append(jobs[c].batch);
-    }
+    const BlockBatch batch = MergeJobs(jobs, a, &taken);
     if (batch.size() == 0) continue;
     for (int t = jobs[a].first_target; t <= jobs[a].last_target; ++t) {
       TierState& st = *tiers_[t];

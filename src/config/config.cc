@@ -123,36 +123,52 @@ class Reader {
     return l;
   }
 
+  // `admission:` as the rule's fields ({min_reuse: 2, min_prefix_tokens: 4096}), or one of the
+  // older kind forms, mapped onto them: always (no rule), min-prefix-tokens (min_prefix_tokens),
+  // after-n-hits (hits: N, default 2, is min_reuse: N).
   Result<AdmissionOptions> Admission(const YAML::Node& n, const std::string& path) const {
+    static constexpr const char* kKinds = " (always, min-prefix-tokens, after-n-hits)";
     AdmissionOptions a;
+    std::string kind;
     if (n.IsScalar()) {
-      KVTIER_ASSIGN_OR_RETURN(std::string k, String(n, path));
-      auto kind = ParseAdmissionKind(k);
-      if (!kind)
-        return Error(n, path,
-                     "unknown admission '" + k + "' (always, min-prefix-tokens, after-n-hits)");
-      a.kind = *kind;
-      return a;
+      KVTIER_ASSIGN_OR_RETURN(kind, String(n, path));
+    } else {
+      KVTIER_RETURN_IF_ERROR(
+          CheckKeys(n, path, {"kind", "min_reuse", "min_prefix_tokens", "hits"}));
+      if (n["kind"]) {
+        KVTIER_ASSIGN_OR_RETURN(kind, String(n["kind"], Join(path, "kind")));
+      }
     }
-    KVTIER_RETURN_IF_ERROR(CheckKeys(n, path, {"kind", "min_prefix_tokens", "hits"}));
-    if (n["kind"]) {
-      KVTIER_ASSIGN_OR_RETURN(std::string k, String(n["kind"], Join(path, "kind")));
-      auto kind = ParseAdmissionKind(k);
-      if (!kind)
-        return Error(n["kind"], Join(path, "kind"),
-                     "unknown admission '" + k + "' (always, min-prefix-tokens, after-n-hits)");
-      a.kind = *kind;
+    const YAML::Node& at = n.IsScalar() || !n["kind"] ? n : n["kind"];
+    if (!kind.empty() && kind != "always" && kind != "min-prefix-tokens" && kind != "after-n-hits")
+      return Error(at, n.IsScalar() ? path : Join(path, "kind"),
+                   "unknown admission '" + kind + "'" + kKinds);
+    if (kind == "after-n-hits") a.min_reuse = 2;
+    if (n.IsScalar()) return a;
+    if (n["hits"]) {
+      if (kind != "after-n-hits")
+        return Error(n["hits"], Join(path, "hits"),
+                     "only with kind: after-n-hits (or use min_reuse)");
+      KVTIER_ASSIGN_OR_RETURN(uint64_t h, Uint(n["hits"], Join(path, "hits")));
+      if (h < 1 || h > 65535) return Error(n["hits"], Join(path, "hits"), "must be in 1..65535");
+      a.min_reuse = static_cast<uint32_t>(h);
+    }
+    if (n["min_reuse"]) {
+      if (kind == "after-n-hits" || kind == "always")
+        return Error(n["min_reuse"], Join(path, "min_reuse"), "not with kind: " + kind);
+      KVTIER_ASSIGN_OR_RETURN(uint64_t r, Uint(n["min_reuse"], Join(path, "min_reuse")));
+      if (r > 65535) return Error(n["min_reuse"], Join(path, "min_reuse"), "must be in 0..65535");
+      a.min_reuse = static_cast<uint32_t>(r);
     }
     if (n["min_prefix_tokens"]) {
+      if (kind == "always")
+        return Error(n["min_prefix_tokens"], Join(path, "min_prefix_tokens"),
+                     "not with kind: always");
       KVTIER_ASSIGN_OR_RETURN(a.min_prefix_tokens,
                               Uint(n["min_prefix_tokens"], Join(path, "min_prefix_tokens")));
     }
-    if (n["hits"]) {
-      KVTIER_ASSIGN_OR_RETURN(uint64_t h, Uint(n["hits"], Join(path, "hits")));
-      a.hits = static_cast<uint32_t>(h);
-    }
     Status v = a.Validate();
-    if (!v.ok()) return Error(n, path, v.message());
+    if (!v.ok()) return Error(n, path, std::string(v.message()));
     return a;
   }
 
@@ -293,6 +309,8 @@ class Reader {
     for (size_t i = 0; i < tiers.size(); ++i) {
       KVTIER_ASSIGN_OR_RETURN(TierSpec t,
                               Tier(tiers[i], "tiers[" + std::to_string(i) + "]", o.layout));
+      if (i == 0 && !t.admission.admits_all())  // CacheOptions::Validate's rule, with the line
+        return Error(tiers[i]["admission"], "tiers[0].admission", kFirstTierAdmits);
       o.tiers.push_back(std::move(t));
     }
     Status v = o.Validate();

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 
 #include "common/flat_map.h"
 #include "common/mutex.h"
@@ -18,11 +19,24 @@ uint32_t AtomicAdd(uint32_t& v, int32_t delta) {
 uint32_t AtomicLoad(const uint32_t& v) {
   return std::atomic_ref<uint32_t>(const_cast<uint32_t&>(v)).load(std::memory_order_relaxed);
 }
+uint16_t AtomicLoad(const uint16_t& v) {
+  return std::atomic_ref<uint16_t>(const_cast<uint16_t&>(v)).load(std::memory_order_relaxed);
+}
+// One more hit, saturating: returns the count after it. A load and a store, not a locked
+// read-modify-write (which cost 6 ns a block, +45% on a 2,000-block lookup): two lookups of one
+// block at the same instant may count once, which only delays its admission by a hit.
+uint16_t CountReuse(uint16_t& v) {
+  std::atomic_ref<uint16_t> r(v);
+  const uint16_t cur = r.load(std::memory_order_relaxed);
+  if (cur == UINT16_MAX) return cur;
+  r.store(static_cast<uint16_t>(cur + 1), std::memory_order_relaxed);
+  return static_cast<uint16_t>(cur + 1);
+}
 }  // namespace
 
-// Invariants: tiers and checksum change only under the exclusive lock; pins also change
-// under the shared lock through atomic_ref (relaxed: pins order nothing else, and eviction
-// reads them under the exclusive lock, which excludes every shared holder).
+// Invariants: tiers and checksum change only under the exclusive lock; pins and reuse also
+// change under the shared lock through atomic_ref (relaxed: they order nothing else, and
+// eviction reads them under the exclusive lock, which excludes every shared holder).
 // A cache line's multiple: no false sharing between shard locks, and a shift finds a shard.
 struct alignas(64) BlockIndex::Shard {
   mutable SharedMutex mu;
@@ -92,6 +106,7 @@ bool BlockIndex::Get(const BlockKey& key, IndexEntry* entry) const {
   entry->tiers = e->tiers;
   entry->checksum = e->checksum;
   entry->pins = AtomicLoad(e->pins);
+  entry->reuse = AtomicLoad(e->reuse);
   return true;
 }
 
@@ -169,12 +184,23 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
     result->checksums->resize(chain.size());
     sums = result->checksums->data();
   }
+  uint16_t* reuse = nullptr;
+  if (result->reuse) {
+    result->reuse->resize(chain.size());
+    reuse = result->reuse->data();
+  }
   // Per key only the mask is kept (a running AND here would carry a dependency through
-  // memory from key to key); the per-tier prefixes come from the masks after.
-  auto visit = [masks, sums](size_t i, const IndexEntry* e) {
+  // memory from key to key); the per-tier prefixes come from the masks after. Only a pinning
+  // match (a lookup) counts a reuse.
+  const bool count = pins != nullptr;
+  auto visit = [masks, sums, reuse, count](size_t i, const IndexEntry* e) {
     const TierMask m = e ? e->tiers : 0;
     masks[i] = m;
     if (sums && e) sums[i] = e->checksum;
+    if (reuse && m != 0) {
+      uint16_t& r = const_cast<IndexEntry*>(e)->reuse;
+      reuse[i] = count ? CountReuse(r) : AtomicLoad(r);
+    }
     return m != 0;
   };
   size_t matched;
@@ -192,6 +218,7 @@ void BlockIndex::MatchImpl(std::span<const BlockKey> chain, MatchResult* result,
   result->any_prefix = static_cast<uint32_t>(matched);
   result->masks.resize(matched);
   if (sums) result->checksums->resize(matched);
+  if (reuse) result->reuse->resize(matched);
   if (matched == 0) return;
   TierMask alive = masks[0];
   for (size_t i = 1; i < matched; ++i) alive &= masks[i];

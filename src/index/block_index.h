@@ -29,7 +29,11 @@ using TierMask = uint32_t;  // bit t set: resident in tier t
 // 16 bytes, so an index slot (key + entry) is 32 and Match touches two per cache line. A block's
 // size is not kept: every block of a Cache has the layout's bytes_per_block().
 struct IndexEntry {
-  TierMask tiers = 0;
+  uint16_t tiers = 0;  // a TierMask (kMaxTiers <= 16)
+  // Lookups that hit the block (MatchAndPin with MatchResult::reuse set), saturating at 65535:
+  // what admission's min_reuse judges. Kept while any tier holds the block. Two lookups at the
+  // same instant may count once (block_index.cc, CountReuse).
+  uint16_t reuse = 0;
   uint32_t pins = 0;
   uint64_t checksum = 0;  // XXH3-64 of the bytes; 0 = not computed
 };
@@ -43,7 +47,11 @@ struct MatchResult {
   std::vector<TierMask> masks;
   // When set by the caller: (*checksums)[i] for i < any_prefix, read in the same pass.
   std::vector<uint64_t>* checksums = nullptr;
+  // When set by the caller of MatchAndPin: each matched block's reuse is counted (one more hit)
+  // and (*reuse)[i] for i < any_prefix is the count after it.
+  std::vector<uint16_t>* reuse = nullptr;
 };
+static_assert(kMaxTiers <= 16, "IndexEntry::tiers holds 16 tiers");
 
 class BlockIndex;
 

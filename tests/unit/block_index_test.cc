@@ -42,6 +42,34 @@ TEST(BlockIndexTest, MatchGivesLongestPrefixPerTier) {
   EXPECT_EQ(m.any_prefix, 5u);  // a gap in every tier ends the loadable prefix
 }
 
+// Admission's min_reuse reads this count: each pinning match of a resident block is one reuse,
+// a plain Match reads without counting, and the count saturates instead of wrapping to 0.
+TEST(BlockIndexTest, PinningMatchesCountReuseOfTheHitPrefixOnly) {
+  BlockIndex index(4);
+  auto c = Chain(3);
+  index.AddTier(c[0], 0, 0);
+  index.AddTier(c[1], 0, 0);  // c[2] is not resident: a miss is no reuse
+  std::vector<uint16_t> reuse;
+  MatchResult m;
+  m.reuse = &reuse;
+  PinSet pins;
+  index.MatchAndPin(c, &m, &pins);
+  EXPECT_EQ(reuse, (std::vector<uint16_t>{1, 1}));
+  index.MatchAndPin(std::span(c).first(1), &m, &pins);
+  EXPECT_EQ(reuse, (std::vector<uint16_t>{2}));
+  index.Match(c, &m);
+  EXPECT_EQ(reuse, (std::vector<uint16_t>{2, 1}));
+  MatchResult uncounted;  // no reuse asked: none counted
+  index.MatchAndPin(c, &uncounted, &pins);
+  IndexEntry e;
+  ASSERT_TRUE(index.Get(c[1], &e));
+  EXPECT_EQ(e.reuse, 1u);
+  for (int i = 0; i < 70000; ++i) index.MatchAndPin(std::span(c).first(1), &m, &pins);
+  EXPECT_EQ(reuse[0], UINT16_MAX);
+  ASSERT_TRUE(index.Get(c[0], &e));
+  EXPECT_EQ(e.reuse, UINT16_MAX);
+}
+
 TEST(BlockIndexTest, EntryDropsWhenNoTierRemains) {
   BlockIndex index;
   auto c = Chain(1);

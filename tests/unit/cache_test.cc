@@ -414,7 +414,6 @@ TEST(CacheTest, LookupsAndStoresProceedWhileAPutIsInFlight) {
 
 TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
   TierSpec low = HostSpec(64, "ssd");
-  low.admission.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   low.admission.min_prefix_tokens = 8 * kBt;
   auto cache = OpenCache({HostSpec(64, "dram"), low});
   auto short_req = Tokens(2 * kBt, 10), long_req = Tokens(8 * kBt, 20);

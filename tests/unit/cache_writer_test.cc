@@ -269,7 +269,6 @@ TEST(CacheWriterTest, LoadsABlockRangeOfALookup) {
 TEST(CacheWriterTest, WriteBackVictimsCarryTheirChainPositionToAdmission) {
   TierSpec low = HostSpec(64, "dram");
   low.name = "ssd";
-  low.admission.kind = AdmissionOptions::Kind::kMinPrefixTokens;
   low.admission.min_prefix_tokens = 3 * kBt;
   TierSpec top = HostSpec(4, "dram");
   top.name = "hbm";

@@ -40,7 +40,8 @@ tiers:
   EXPECT_EQ(o->tiers[0].capacity_bytes, 64u << 20);
   EXPECT_EQ(o->tiers[0].threads, 2);
   EXPECT_EQ(o->tiers[0].eviction, "s3fifo");
-  EXPECT_EQ(o->tiers[1].admission.kind, AdmissionOptions::Kind::kAfterNHits);
+  EXPECT_EQ(o->tiers[1].admission.min_reuse, 2u);  // after-n-hits' hits is min_reuse
+  EXPECT_EQ(o->tiers[1].admission.min_prefix_tokens, 0u);
   auto cache = Cache::Open(*o);
   EXPECT_TRUE(cache.ok()) << cache.status().ToString();
 }
@@ -89,6 +90,70 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
   ExpectError("layout: {preset: llama-3.1-8b}\ntiers: [{kind: host, capacity: 1KiB}]\n",
               "tiers[0].capacity_bytes");
   ExpectError("layout: [unclosed\n", "bad.yaml:");
+}
+
+TEST(ConfigTest, AdmissionRulesAndTheirOlderKindForms) {
+  auto admission = [](const std::string& a) {
+    auto o = ParseCacheOptionsYaml(
+        "layout: {preset: llama-3.1-8b}\ntiers:\n"
+        "  - {kind: host, capacity: 1GiB}\n"
+        "  - {kind: host, name: low, capacity: 1GiB, admission: " +
+            a + "}\n",
+        "a.yaml");
+    EXPECT_TRUE(o.ok()) << o.status().ToString();
+    return o.ok() ? o->tiers[1].admission : AdmissionOptions{};
+  };
+  AdmissionOptions a = admission("{min_reuse: 2, min_prefix_tokens: 4096}");
+  EXPECT_EQ(a.min_reuse, 2u);
+  EXPECT_EQ(a.min_prefix_tokens, 4096u);
+  EXPECT_TRUE(admission("always").admits_all());
+  EXPECT_EQ(admission("after-n-hits").min_reuse, 2u);
+  EXPECT_EQ(admission("{kind: after-n-hits, hits: 3}").min_reuse, 3u);
+  a = admission("{kind: min-prefix-tokens, min_prefix_tokens: 1024}");
+  EXPECT_EQ(a.min_prefix_tokens, 1024u);
+  EXPECT_EQ(a.min_reuse, 0u);
+}
+
+TEST(ConfigTest, BadAdmissionIsRefusedNamingTheKey) {
+  const std::string head =
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - {kind: host, capacity: 1GiB}\n"
+      "  - kind: host\n    name: low\n    capacity: 1GiB\n";
+  ExpectError(head + "    admission: {min_reuse: 70000}\n",
+              "bad.yaml:7: tiers[1].admission.min_reuse: must be in 0..65535");
+  ExpectError(head + "    admission: {min_reuse: -1}\n",
+              "bad.yaml:7: tiers[1].admission.min_reuse: want a non-negative integer");
+  ExpectError(head + "    admission: {min_prefix_tokens: lots}\n",
+              "bad.yaml:7: tiers[1].admission.min_prefix_tokens:");
+  ExpectError(head + "    admission: {min_reuse: 2, hit: 2}\n",
+              "bad.yaml:7: tiers[1].admission.hit: unknown key (known: kind, min_reuse, "
+              "min_prefix_tokens, hits)");
+  ExpectError(head + "    admission: {hits: 2}\n",
+              "tiers[1].admission.hits: only with kind: after-n-hits");
+  ExpectError(head + "    admission: {kind: after-n-hits, min_reuse: 2}\n",
+              "tiers[1].admission.min_reuse: not with kind: after-n-hits");
+  ExpectError(head + "    admission: sometimes\n",
+              "bad.yaml:7: tiers[1].admission: unknown "
+              "admission 'sometimes'");
+  ExpectError(
+      "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: host\n    capacity: 1GiB\n"
+      "    admission: {min_reuse: 2}\n  - {kind: host, name: low, capacity: 1GiB}\n",
+      "bad.yaml:5: tiers[0].admission: the first tier takes every block");
+  // The same rule for an engine that fills CacheOptions itself.
+  CacheOptions o;
+  o.layout = *LayoutPreset("llama-3.1-8b");
+  TierSpec t;
+  t.kind = "host";
+  t.capacity_bytes = 1 << 30;
+  o.tiers = {t, t};
+  o.tiers[1].name = "low";
+  o.tiers[1].admission.min_reuse = 65536;
+  EXPECT_NE(o.Validate().message().find("tiers[1].admission: min_reuse: must be in 0..65535"),
+            std::string::npos)
+      << o.Validate().ToString();
+  o.tiers[1].admission.min_reuse = 2;
+  o.tiers[0].admission.min_prefix_tokens = 64;
+  EXPECT_NE(o.Validate().message().find("tiers[0].admission: the first tier"), std::string::npos)
+      << o.Validate().ToString();
 }
 
 // Tier parameters were checked only when the tier opened, with no file or line ("tier 'disk':

@@ -187,30 +187,25 @@ TEST(PolicyTest, OnAccessChainEvictsAsPerKeyTouches) {
   }
 }
 
-TEST(AdmissionTest, Kinds) {
-  AdmissionPolicy always(AdmissionOptions{});
-  EXPECT_TRUE(always.Admit(Key(1), 0));
+TEST(AdmissionTest, BothRulesMustHold) {
+  EXPECT_EQ(JudgeAdmission(AdmissionOptions{}, 0, 0), AdmissionVerdict::kAdmit);
+  EXPECT_TRUE(AdmissionOptions{}.admits_all());
 
-  AdmissionOptions min;
-  min.kind = AdmissionOptions::Kind::kMinPrefixTokens;
-  min.min_prefix_tokens = 1024;
-  AdmissionPolicy m(min);
-  EXPECT_FALSE(m.Admit(Key(1), 512));
-  EXPECT_TRUE(m.Admit(Key(1), 1024));
+  AdmissionOptions a;
+  a.min_reuse = 2;
+  a.min_prefix_tokens = 1024;
+  EXPECT_FALSE(a.admits_all());
+  EXPECT_EQ(JudgeAdmission(a, 2, 1024), AdmissionVerdict::kAdmit);
+  EXPECT_EQ(JudgeAdmission(a, 5, 4096), AdmissionVerdict::kAdmit);
+  EXPECT_EQ(JudgeAdmission(a, 1, 1024), AdmissionVerdict::kSkipReuse);
+  EXPECT_EQ(JudgeAdmission(a, 2, 1023), AdmissionVerdict::kSkipPrefix);
+  // Both fail: the prefix rule is the one counted.
+  EXPECT_EQ(JudgeAdmission(a, 0, 0), AdmissionVerdict::kSkipPrefix);
 
-  AdmissionOptions nh;
-  nh.kind = AdmissionOptions::Kind::kAfterNHits;
-  nh.hits = 3;
-  AdmissionPolicy n(nh);
-  EXPECT_FALSE(n.Admit(Key(7), 0));
-  EXPECT_FALSE(n.Admit(Key(7), 0));
-  EXPECT_TRUE(n.Admit(Key(7), 0));
-  EXPECT_FALSE(n.Admit(Key(8), 0));
-
-  AdmissionOptions bad = nh;
-  bad.hits = 0;
+  AdmissionOptions bad;
+  bad.min_reuse = 65536;  // the index's counter saturates at 65535
   EXPECT_FALSE(bad.Validate().ok());
-  EXPECT_EQ(ParseAdmissionKind("after-n-hits"), AdmissionOptions::Kind::kAfterNHits);
+  EXPECT_NE(bad.Validate().message().find("min_reuse"), std::string::npos);
 }
 
 }  // namespace

@@ -72,6 +72,23 @@ TEST(ServeConfigTest, NoWriteQueueWithLowerTiersIsRefused) {
                   .ok());  // a host tier alone has nothing to wait on
 }
 
+// The daemon reads the tiers' admission from the same keys, refused with the same errors.
+TEST(ServeConfigTest, AdmissionOfALowerTierIsReadAndCheckedByTheDaemon) {
+  const std::string disk =
+      "  - kind: disk\n    capacity: 4MiB\n    params: {path: /nonexistent}\n"
+      "    admission: {min_reuse: 2, min_prefix_tokens: 4096}\n";
+  Result<ServeConfig> c = ParseServeConfigYaml(Yaml("  lease_ms: 1000\n", disk), "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->cache.tiers[1].admission.min_reuse, 2u);
+  EXPECT_EQ(c->cache.tiers[1].admission.min_prefix_tokens, 4096u);
+  const std::string bad =
+      "  - kind: disk\n    capacity: 4MiB\n    params: {path: /nonexistent}\n"
+      "    admission: {min_reuse: many}\n";
+  Status st = Parse("  lease_ms: 1000\n", bad);
+  EXPECT_NE(st.message().find("t.yaml:8: tiers[1].admission.min_reuse:"), std::string::npos)
+      << st.ToString();
+}
+
 constexpr char kBase[] =
     "model_id: m\n"
     "layout: {num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp32, block_tokens: 4}\n"
