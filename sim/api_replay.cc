@@ -76,6 +76,7 @@ Result<CacheReplayResult> ReplayThroughApi(workload::RequestStream& stream, KvCa
     else if (o.events != EngineEvents::kNone)
       cache.NotifySession(q.session, SessionEvent::kThinking);
     CountRequest(&res, q, matched);
+    if (o.after_request) o.after_request();
     if (progress && (++n_req & 1023) == 0) progress(stream.progress());
   }
   KVTIER_RETURN_IF_ERROR(stream.status());

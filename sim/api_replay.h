@@ -8,6 +8,7 @@
 #define KVTIER_SIM_API_REPLAY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -20,6 +21,8 @@ namespace kvtier::sim {
 struct ApiReplayOptions {
   EngineEvents events = EngineEvents::kClose;
   uint64_t capacity_tokens = 0;  // reported only: the cache's own tier sets the capacity
+  // Called after each request (e.g. Cache::Flush, so background writes land in trace order).
+  std::function<void()> after_request;
 };
 
 // The smallest block there is (one layer, one byte per token), for replays whose figure is

@@ -31,3 +31,20 @@ for name, p in r["policies"].items():
         sys.exit(f"{name}: a degenerate run ({c['hit_rate']:.2%})")
 PY
 done
+# An SSD tier below the host tier (--disk-live): min_reuse 2 writes fewer blocks to it than no
+# rule, and says why it skipped the rest.
+for reuse in 0 2; do
+  "$kvtier" replay "$traces/trace_0074.json" "$traces/trace_0211.json" --through cache \
+    --policy lru-tail --capacity-live 0.2 --disk-live 3 --disk-min-reuse "$reuse" \
+    --json "$out/d$reuse.json" >"$out/stdout" 2>&1 || { cat "$out/stdout"; exit 1; }
+done
+python3 - "$out/d0.json" "$out/d2.json" <<'PY'
+import json, sys
+d0, d2 = (json.load(open(p))["policies"]["lru-tail"] for p in sys.argv[1:])
+print(f"SSD blocks written: no rule {d0['disk']['put_blocks']}, min_reuse 2 {d2['disk']['put_blocks']}; "
+      f"hit rate {d0['cache']['hit_rate']:.4%} vs {d2['cache']['hit_rate']:.4%}")
+if not 0 < d2["disk"]["put_blocks"] < d0["disk"]["put_blocks"]:
+    sys.exit("min_reuse 2 should write fewer (and some) blocks to the SSD tier")
+if d2["disk"]["skipped_reuse"] == 0 or d0["disk"]["skipped_reuse"] != 0:
+    sys.exit(f"expected reuse skips with min_reuse 2 only: {d0['disk']} {d2['disk']}")
+PY

@@ -193,6 +193,14 @@ KVTIER_REGISTER_COMMAND(
                       "every call: none, request (request finished) or close (default: and the "
                       "session closed when the trace ends it)")
           ->check(CLI::IsMember({"none", "request", "close"}));
+      app->add_option("--disk-live", a->through.disk_live,
+                      "With --through cache: an SSD tier below the host tier, this many times the "
+                      "mean live context (in a temporary folder; the writer drained after each "
+                      "request, so the figures repeat)");
+      app->add_option("--disk-min-reuse", a->through.disk_min_reuse,
+                      "With --disk-live: the SSD tier's admission min_reuse (doc/config.md)");
+      app->add_option("--disk-min-prefix-tokens", a->through.disk_min_prefix_tokens,
+                      "With --disk-live: the SSD tier's admission min_prefix_tokens");
       app->add_option("--socket", a->through.socket,
                       "With --through daemon: use the daemon on this socket instead of starting "
                       "one (its config decides layout, capacity and policy)");

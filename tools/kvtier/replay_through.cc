@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -90,7 +91,43 @@ struct Row {
   std::string policy;
   sim::CacheReplayResult trace, engine;
   std::optional<sim::CacheReplayResult> cache, daemon;
+  std::optional<CacheStats::PerTier> disk;  // --disk-live: the SSD tier after the replay
 };
+
+// A folder removed with everything in it when destroyed.
+class TempDir {
+ public:
+  ~TempDir() {
+    if (!path_.empty()) std::filesystem::remove_all(path_);
+  }
+  Status Make() {
+    char tmpl[] = "/tmp/kvtier-replay-disk-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
+    path_ = tmpl;
+    return Status::Ok();
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The SSD tier of --disk-live, sized in mean live contexts, with the admission asked for.
+Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_tokens,
+                          TempDir* dir) {
+  KVTIER_RETURN_IF_ERROR(dir->Make());
+  TierSpec d;
+  d.kind = "disk";
+  const uint64_t blocks =
+      std::max<uint64_t>(1, static_cast<uint64_t>(a.disk_live * live_tokens / l.block_tokens));
+  d.capacity_bytes = blocks * l.bytes_per_block();
+  d.params["path"] = dir->path();
+  d.params["sync"] = "none";  // the figure is bytes and hits, not durability
+  d.admission.min_reuse = a.disk_min_reuse;
+  d.admission.min_prefix_tokens = a.disk_min_prefix_tokens;
+  KVTIER_RETURN_IF_ERROR(d.admission.Validate().WithContext("--disk-min-reuse"));
+  return d;
+}
 
 void PrintRows(const std::vector<Row>& rows, bool per_request) {
   std::printf("%-9s %13s %13s %13s %13s %9s\n", per_request ? "req mean" : "hit rate", "cache-only",
@@ -183,10 +220,20 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
     Result<sim::CacheReplayResult> r = sim::ReplayCacheOnly(stream, eo);
     if (r.ok()) row.engine = *r;
     if (r.ok() && cache) {
-      auto c = Cache::Open(sim::ReplayCacheOptions(layout, blocks, policies[i]));
-      r = c.ok() ? sim::ReplayThroughApi(stream, **c, ao)
+      CacheOptions opts = sim::ReplayCacheOptions(layout, blocks, policies[i]);
+      TempDir disk_dir;
+      if (a.disk_live > 0) {
+        const auto disk = DiskSpec(a, layout, cmp->stats.live_context_mean_tokens, &disk_dir);
+        if (!disk.ok()) r = disk.status();
+        if (disk.ok()) opts.tiers.push_back(*disk);
+      }
+      auto c = r.ok() ? Cache::Open(std::move(opts)) : Result<std::unique_ptr<Cache>>(r.status());
+      sim::ApiReplayOptions run = ao;
+      if (a.disk_live > 0 && c.ok()) run.after_request = [cp = c->get()] { cp->Flush(); };
+      r = c.ok() ? sim::ReplayThroughApi(stream, **c, run)
                  : Result<sim::CacheReplayResult>(c.status());
       if (r.ok()) row.cache = *r;
+      if (r.ok() && a.disk_live > 0) row.disk = (*c)->stats().tiers.back();
     }
     if (r.ok() && daemon) {
       r = ThroughDaemon(stream, layout, blocks, policies[i], a, ao);
@@ -201,6 +248,14 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
     p["cache_only_trace_events"] = RowJson(row.trace);
     p["cache_only_engine_events"] = RowJson(row.engine);
     if (row.cache) p["cache"] = RowJson(*row.cache);
+    if (row.disk) {
+      p["disk"] = {{"put_blocks", row.disk->tier.puts},
+                   {"put_bytes", row.disk->tier.put_bytes},
+                   {"hit_blocks", row.disk->hit_blocks},
+                   {"admitted", row.disk->admitted},
+                   {"skipped_reuse", row.disk->skipped_reuse},
+                   {"skipped_prefix", row.disk->skipped_prefix}};
+    }
     if (row.daemon) p["daemon"] = RowJson(*row.daemon);
     rows.push_back(std::move(row));
   }
@@ -216,6 +271,19 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
       cmp->stats.live_context_mean_tokens, std::string(sim::EngineEventsName(events)).c_str());
   PrintRows(rows, false);
   PrintRows(rows, true);
+  for (const Row& r : rows) {
+    if (!r.disk) continue;
+    std::printf("%-9s SSD tier (min_reuse %u, min_prefix_tokens %llu): %llu blocks written "
+                "(%llu bytes), %llu hit blocks served from it, %llu skipped by reuse, %llu by "
+                "prefix\n",
+                r.policy.c_str(), a.disk_min_reuse,
+                static_cast<unsigned long long>(a.disk_min_prefix_tokens),
+                static_cast<unsigned long long>(r.disk->tier.puts),
+                static_cast<unsigned long long>(r.disk->tier.put_bytes),
+                static_cast<unsigned long long>(r.disk->hit_blocks),
+                static_cast<unsigned long long>(r.disk->skipped_reuse),
+                static_cast<unsigned long long>(r.disk->skipped_prefix));
+  }
   if (!a.json_path.empty()) {
     if (Status s = sim::WriteFile(a.json_path, j.dump(2) + "\n"); !s.ok()) {
       std::fprintf(stderr, "kvtier replay: %s\n", s.ToString().c_str());

@@ -20,6 +20,11 @@ struct ThroughArgs {
   uint64_t capacity_tokens = 0;
   double capacity_live = 0;
   std::string json_path;
+  // > 0: an SSD tier below the in-process Cache's host tier, in mean live contexts, with this
+  // admission (its bytes written and hits are reported).
+  double disk_live = 0;
+  uint32_t disk_min_reuse = 0;
+  uint64_t disk_min_prefix_tokens = 0;
 };
 
 // Prints the table; returns the process exit code.

@@ -143,6 +143,9 @@ class _ReqState:
     async_block_ids: list | None = None  # the request's vLLM blocks when its async load was set
     hit: Any = None  # the lookup whose pins hold the planned blocks until the worker loaded them
     hit_at: float = 0.0  # when it was planned (time.monotonic())
+    # An asynchronous load's timing (tier, blocks, bytes, seconds), from the worker's report,
+    # kept until the request runs: what it waited is the planner's sample.
+    load_report: tuple | None = None
     session: int = 0
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
 
@@ -317,7 +320,12 @@ class _Loader:
         lower_priority(self._nice, logger)
         while True:
             t = self._queue.get()
-            outcome = self._run(t)
+            try:
+                outcome = self._run(t)
+            except Exception:  # noqa: BLE001 - a bug must cost this load, never the thread
+                logger.exception("kvtier: an asynchronous load failed; vLLM recomputes it")
+                outcome = _LoadOutcome(
+                    failed_ids=[b for blocks in t.block_ids for b in blocks][t.skip:])
             with self._lock:
                 self._done.append((t, outcome))
                 self._pending -= 1
@@ -633,6 +641,7 @@ class KvtierConnector(KVConnectorBase_V1):
         st = self._reqs.get(request.request_id)
         if st is None:
             return
+        self._sample_async_load(st)
         st.load_pending = num_external_tokens > 0 and st.load_blocks > 0
         if not st.load_pending:
             self._release(st)
@@ -686,6 +695,14 @@ class KvtierConnector(KVConnectorBase_V1):
         self._expire_pins()
         return meta
 
+    def _sample_async_load(self, st: _ReqState) -> None:
+        # An asynchronously loaded request runs (or ends): what it waited since its plan, the
+        # load and the scheduler steps around it, is what loading cost it.
+        if st.load_report is not None:
+            tier, blocks, nbytes, seconds = st.load_report
+            st.load_report = None
+            self._cost.add_load(tier, blocks, nbytes, max(seconds, time.monotonic() - st.hit_at))
+
     def _load_transfer(self, st: _ReqState, req_id: str, block_ids) -> _Transfer:
         first = st.load_from_token // self._kb
         skip = (st.load_from_token - first * self._kb) // self._vllm_block
@@ -712,13 +729,12 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if not isinstance(meta, KvtierWorkerMetadata) or self._cost is None:
             return
-        now = time.monotonic()
         for req_id, tier, blocks, nbytes, seconds in meta.loads:
             st = self._reqs.get(req_id)
-            if st is not None and st.load_async and st.hit is not None:
-                # What the request waited: the load, and the scheduler steps around it.
-                seconds = max(seconds, now - st.hit_at)
-            self._cost.add_load(tier, blocks, nbytes, seconds)
+            if st is not None and st.load_async:
+                st.load_report = (tier, blocks, nbytes, seconds)  # sampled when it runs
+            else:
+                self._cost.add_load(tier, blocks, nbytes, seconds)
         for step, seconds in meta.steps:
             shape = self._step_shapes.pop(step, None)
             if shape is not None:
@@ -733,6 +749,7 @@ class KvtierConnector(KVConnectorBase_V1):
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.pop(request.request_id, None)
         if st is not None:
+            self._sample_async_load(st)
             self._release(st)
             if st.session:
                 self._notify_session(st.session, "thinking")
@@ -781,7 +798,9 @@ class KvtierConnector(KVConnectorBase_V1):
         n = len(t.keys)
         out = _LoadOutcome()
         t0 = time.perf_counter()
-        staging = self._paged.staging(n)
+        # A reused buffer: a fresh one costs a page fault per 4 KiB on every load.
+        buf = self._staging.take(n)
+        staging = buf[:n]
         try:
             keys = [kvtier.BlockKey(hi, lo) for hi, lo in t.keys]
             with self._cache.lookup_keys(keys, tenant=t.tenant, lora_id=t.lora_id,
@@ -796,8 +815,11 @@ class KvtierConnector(KVConnectorBase_V1):
         # nor reported.
         flat = [b for blocks in t.block_ids for b in blocks][t.skip:]
         written = max(0, out.loaded * self._ratio - t.skip)
-        if written:
-            self._paged.scatter(staging[:out.loaded], flat[:written], t.skip)
+        try:
+            if written:
+                self._paged.scatter(staging[:out.loaded], flat[:written], t.skip)
+        finally:
+            self._staging.give(buf)
         out.written_tokens = written * self._vllm_block
         out.failed_ids = flat[written:]
         out.seconds = time.perf_counter() - t0

@@ -96,12 +96,6 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
     if (p == MAP_FAILED)
       return Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) + ": " +
                                        std::strerror(errno));
-#ifdef MADV_HUGEPAGE
-    // Now, not only when prefaulting: a cold arena's first writes (a store, a promotion from
-    // SSD or Redis) otherwise take one fault per 4 KiB, 40 of the 48 ms of CPU a 16 MiB
-    // promotion took here.
-    if (options.huge_pages) madvise(p, bytes, MADV_HUGEPAGE);
-#endif
   }
   std::unique_ptr<HostTier> tier(
       new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots, stride));
