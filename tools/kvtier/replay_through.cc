@@ -249,12 +249,10 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
     p["cache_only_engine_events"] = RowJson(row.engine);
     if (row.cache) p["cache"] = RowJson(*row.cache);
     if (row.disk) {
-      p["disk"] = {{"put_blocks", row.disk->tier.puts},
-                   {"put_bytes", row.disk->tier.put_bytes},
-                   {"hit_blocks", row.disk->hit_blocks},
-                   {"admitted", row.disk->admitted},
-                   {"skipped_reuse", row.disk->skipped_reuse},
-                   {"skipped_prefix", row.disk->skipped_prefix}};
+      p["disk"] = {
+          {"put_blocks", row.disk->tier.puts},        {"put_bytes", row.disk->tier.put_bytes},
+          {"hit_blocks", row.disk->hit_blocks},       {"admitted", row.disk->admitted},
+          {"skipped_reuse", row.disk->skipped_reuse}, {"skipped_prefix", row.disk->skipped_prefix}};
     }
     if (row.daemon) p["daemon"] = RowJson(*row.daemon);
     rows.push_back(std::move(row));
@@ -273,16 +271,17 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
   PrintRows(rows, true);
   for (const Row& r : rows) {
     if (!r.disk) continue;
-    std::printf("%-9s SSD tier (min_reuse %u, min_prefix_tokens %llu): %llu blocks written "
-                "(%llu bytes), %llu hit blocks served from it, %llu skipped by reuse, %llu by "
-                "prefix\n",
-                r.policy.c_str(), a.disk_min_reuse,
-                static_cast<unsigned long long>(a.disk_min_prefix_tokens),
-                static_cast<unsigned long long>(r.disk->tier.puts),
-                static_cast<unsigned long long>(r.disk->tier.put_bytes),
-                static_cast<unsigned long long>(r.disk->hit_blocks),
-                static_cast<unsigned long long>(r.disk->skipped_reuse),
-                static_cast<unsigned long long>(r.disk->skipped_prefix));
+    std::printf(
+        "%-9s SSD tier (min_reuse %u, min_prefix_tokens %llu): %llu blocks written "
+        "(%llu bytes), %llu hit blocks served from it, %llu skipped by reuse, %llu by "
+        "prefix\n",
+        r.policy.c_str(), a.disk_min_reuse,
+        static_cast<unsigned long long>(a.disk_min_prefix_tokens),
+        static_cast<unsigned long long>(r.disk->tier.puts),
+        static_cast<unsigned long long>(r.disk->tier.put_bytes),
+        static_cast<unsigned long long>(r.disk->hit_blocks),
+        static_cast<unsigned long long>(r.disk->skipped_reuse),
+        static_cast<unsigned long long>(r.disk->skipped_prefix));
   }
   if (!a.json_path.empty()) {
     if (Status s = sim::WriteFile(a.json_path, j.dump(2) + "\n"); !s.ok()) {
