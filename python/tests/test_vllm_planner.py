@@ -168,7 +168,8 @@ def test_planner_modes(env):
         worst = max(worst, auto[n] / best)
         rows.append({"tokens": n, "load_ms": round(load[n] * 1e3, 1),
                      "recompute_ms": round(recompute[n] * 1e3, 1),
-                     "auto_ms": round(auto[n] * 1e3, 1), "auto_over_best": round(auto[n] / best, 3)})
+                     "auto_ms": round(auto[n] * 1e3, 1),
+                     "auto_over_best": round(auto[n] / best, 3)})
     measured = next((n for n in LENGTHS if load[n] < recompute[n]), None)
     with open(env["root"] / "stats-auto.scheduler.json") as f:
         planner = json.load(f)["planner"]

@@ -12,8 +12,9 @@ tells the worker what to load and which newly full blocks to save. Worker half: 
 KV tensors' layout from their shapes, loads into vLLM's block ids (host hits before the forward
 pass; hits below host on a loader thread while the batch runs on, vLLM's asynchronous loads),
 saves after it, times its loads and vLLM's steps for the planner, and reports blocks that failed
-to load so vLLM recomputes them. A kvtier block spans `block_tokens / vllm block_size` vLLM blocks; a partial
-kvtier block is never stored. Any kvtier failure degrades to recompute, never to a hang.
+to load so vLLM recomputes them. A kvtier block spans `block_tokens / vllm block_size` vLLM
+blocks; a partial kvtier block is never stored. Any kvtier failure degrades to recompute, never
+to a hang.
 """
 
 from __future__ import annotations
@@ -146,6 +147,9 @@ class _ReqState:
     # An asynchronous load's timing (tier, blocks, bytes, seconds), from the worker's report,
     # kept until the request runs: what it waited is the planner's sample.
     load_report: tuple | None = None
+    # The last plan's choice and what it left to compute, counted once vLLM takes the plan
+    # (update_state_after_alloc): a request asked again before that is not counted twice.
+    plan_counts: tuple | None = None
     session: int = 0
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
 
@@ -598,19 +602,15 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0, False
         tiers = [self._tier_of(src) for src in hit.source[first:hit_blocks]]
         d = self._cost.decide(len(tokens), first, tiers)
-        self._counters.decided(d.choice)
         declined = [0] * (max(hit.source[first:hit_blocks]) + 1)
+        by_tier: dict[str, int] = {}
         for i, tier in enumerate(tiers[d.load_blocks:]):
             # Whole blocks past vLLM's own hit, left to vLLM to compute.
-            begin = max((first + d.load_blocks + i) * self._kb, num_computed_tokens)
-            self._counters.add_tier(tier, "recomputed_by_choice_tokens",
-                                    (first + d.load_blocks + i + 1) * self._kb - begin)
-            declined[hit.source[first + d.load_blocks + i]] += 1
-        if any(declined):
-            try:  # the cache's own per-tier count (kvtier status, /metrics)
-                self._cache.note_declined(declined)
-            except kvtier.KvtierError as e:
-                self._warn_once("declined", f"kvtier: counting declined blocks failed ({e})")
+            block = first + d.load_blocks + i
+            begin = max(block * self._kb, num_computed_tokens)
+            by_tier[tier] = by_tier.get(tier, 0) + (block + 1) * self._kb - begin
+            declined[hit.source[block]] += 1
+        st.plan_counts = (d.choice, by_tier, declined)
         end = first + d.load_blocks
         if end * self._kb <= num_computed_tokens:
             hit.release()
@@ -642,6 +642,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if st is None:
             return
         self._sample_async_load(st)
+        self._count_plan(st)
         st.load_pending = num_external_tokens > 0 and st.load_blocks > 0
         if not st.load_pending:
             self._release(st)
@@ -694,6 +695,20 @@ class KvtierConnector(KVConnectorBase_V1):
                 del self._step_shapes[k]
         self._expire_pins()
         return meta
+
+    def _count_plan(self, st: _ReqState) -> None:
+        if st.plan_counts is None:
+            return
+        choice, by_tier, declined = st.plan_counts
+        st.plan_counts = None
+        self._counters.decided(choice)
+        for tier, tokens in by_tier.items():
+            self._counters.add_tier(tier, "recomputed_by_choice_tokens", tokens)
+        if any(declined):
+            try:  # the cache's own per-tier count (kvtier status, /metrics)
+                self._cache.note_declined(declined)
+            except kvtier.KvtierError as e:
+                self._warn_once("declined", f"kvtier: counting declined blocks failed ({e})")
 
     def _sample_async_load(self, st: _ReqState) -> None:
         # An asynchronously loaded request runs (or ends): what it waited since its plan, the
@@ -924,7 +939,8 @@ class KvtierConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self):
-        self._loader.wait_idle(30.0)  # loads write into vLLM's pages: they end before vLLM frees them
+        # Loads write into vLLM's pages: they end before vLLM frees them.
+        self._loader.wait_idle(30.0)
         if self._saver is not None:
             self._saver.wait_idle(30.0)
         self._write_stats()
