@@ -15,6 +15,7 @@
 #include "sim/api_replay.h"
 #include "sim/cache_compare.h"
 #include "subprocess.h"
+#include "tiers/disk/format.h"
 
 namespace kvtier::cli {
 namespace {
@@ -120,7 +121,11 @@ Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_t
   d.kind = "disk";
   const uint64_t blocks =
       std::max<uint64_t>(1, static_cast<uint64_t>(a.disk_live * live_tokens / l.block_tokens));
-  d.capacity_bytes = blocks * l.bytes_per_block();
+  // The SSD's capacity counts records as they lie on disk (a header page and the payload padded
+  // to a page: 8 KiB for the replay's 64-byte blocks), not payload bytes.
+  disk::RecordHeader record;
+  record.payload_bytes = l.bytes_per_block();
+  d.capacity_bytes = blocks * record.record_bytes();
   d.params["path"] = dir->path();
   d.params["sync"] = "none";  // the figure is bytes and hits, not durability
   d.admission.min_reuse = a.disk_min_reuse;
