@@ -71,10 +71,7 @@ Result<CacheReplayResult> ReplayThroughApi(workload::RequestStream& stream, KvCa
         return s.first_error.WithContext("store of request " + std::to_string(n_req));
       res.inserted_blocks += s.stored_blocks;
     }
-    if (o.events == EngineEvents::kClose && q.session_last)
-      cache.NotifySession(q.session, SessionEvent::kFinished);
-    else if (o.events != EngineEvents::kNone)
-      cache.NotifySession(q.session, SessionEvent::kThinking);
+    if (const auto event = EngineEventAfter(o.events, q)) cache.NotifySession(q.session, *event);
     CountRequest(&res, q, matched);
     if (o.after_request) o.after_request();
     if (progress && (++n_req & 1023) == 0) progress(stream.progress());

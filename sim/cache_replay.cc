@@ -5,6 +5,7 @@
 #include <queue>
 
 #include "common/clock.h"
+#include "sim/api_replay.h"
 #include "sim/flat_lru.h"
 
 namespace kvtier::sim {
@@ -217,9 +218,8 @@ Result<CacheReplayResult> ReplayPolicyAsApi(workload::RequestStream& stream,
   std::unique_ptr<EvictionPolicy> policy;
   ReplayMap<uint8_t> resident;
   const std::function<bool(const BlockKey&)> always = [](const BlockKey&) { return true; };
-  // The Cache's names (ReplayLibraryPolicy): its LRU touches chains last to first.
-  std::string name = o.policy == "lru-tail" ? "lru" : o.policy;
-  if (name.starts_with("lib:")) name = name.substr(4);
+  // The Cache's names: its LRU touches chains last to first.
+  const std::string name = ReplayLibraryPolicy(o.policy);
   std::vector<uint32_t> todo;
   stream.Rewind();
   const double start = MonotonicSeconds();
@@ -263,10 +263,8 @@ Result<CacheReplayResult> ReplayPolicyAsApi(workload::RequestStream& stream,
       policy->OnInsert(keys[todo[j]], hint);
       ++res.inserted_blocks;
     }
-    if (*o.engine == EngineEvents::kClose && q.session_last)
-      policy->OnSessionEvent(q.session, SessionEvent::kFinished, q.start_s);
-    else if (*o.engine != EngineEvents::kNone)
-      policy->OnSessionEvent(q.session, SessionEvent::kThinking, q.start_s);
+    if (const auto event = EngineEventAfter(*o.engine, q))
+      policy->OnSessionEvent(q.session, *event, q.start_s);
     CountRequest(&res, q, matched);
     res.peak_resident_blocks = std::max(res.peak_resident_blocks, resident.size());
     ticker.Tick();
@@ -290,6 +288,12 @@ std::string_view EngineEventsName(EngineEvents e) {
       return "close";
   }
   return "?";
+}
+
+std::optional<SessionEvent> EngineEventAfter(EngineEvents e, const workload::ReplayRequest& q) {
+  if (e == EngineEvents::kClose && q.session_last) return SessionEvent::kFinished;
+  if (e != EngineEvents::kNone) return SessionEvent::kThinking;
+  return std::nullopt;
 }
 
 void CountRequest(CacheReplayResult* r, const workload::ReplayRequest& q, uint64_t matched) {

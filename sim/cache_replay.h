@@ -43,6 +43,9 @@ enum class EngineEvents : uint8_t {
                 //   it, or a sub-agent returned): an engine learns that only when told
 };
 std::string_view EngineEventsName(EngineEvents e);
+// The event an engine sending `e` sends once request q finishes; nullopt for none. One rule for
+// the Cache-driven replay and its cache-only model, so the two stay comparable.
+std::optional<SessionEvent> EngineEventAfter(EngineEvents e, const workload::ReplayRequest& q);
 
 struct CacheReplayOptions {
   std::string policy = "lru";

@@ -17,13 +17,15 @@ using namespace nb::literals;
 namespace kvtier {
 namespace {
 
-PlanRequest MakeRequest(uint32_t prompt_tokens, uint32_t resident_blocks,
-                        std::vector<int> block_tier) {
+// Planner::Choose or ChoosePrefix over the Python call's three arguments.
+template <Plan (Planner::*kChoose)(const PlanRequest&) const>
+Plan Call(const Planner& p, uint32_t prompt_tokens, uint32_t resident_blocks,
+          std::vector<int> block_tier) {
   PlanRequest r;
   r.prompt_tokens = prompt_tokens;
   r.resident_blocks = resident_blocks;
   r.block_tier = std::move(block_tier);
-  return r;
+  return (p.*kChoose)(r);
 }
 
 }  // namespace
@@ -52,20 +54,12 @@ void RegisterPlanner(nb::module_& m) {
       .def_prop_ro("profile_json", [](const Planner& p) { return CostProfileToJson(p.profile()); })
       .def("tier_index",
            [](const Planner& p, const std::string& name) { return p.profile().FindTier(name); })
-      .def(
-          "choose",
-          [](const Planner& p, uint32_t tokens, uint32_t resident, std::vector<int> tiers) {
-            return p.Choose(MakeRequest(tokens, resident, std::move(tiers)));
-          },
-          "prompt_tokens"_a, "resident_blocks"_a, "block_tier"_a,
-          "Recompute a head of the loadable run and load the rest (the reference engine).")
-      .def(
-          "choose_prefix",
-          [](const Planner& p, uint32_t tokens, uint32_t resident, std::vector<int> tiers) {
-            return p.ChoosePrefix(MakeRequest(tokens, resident, std::move(tiers)));
-          },
-          "prompt_tokens"_a, "resident_blocks"_a, "block_tier"_a,
-          "Load a head of the loadable run and compute the rest (a paged engine: vLLM).")
+      .def("choose", &Call<&Planner::Choose>, "prompt_tokens"_a, "resident_blocks"_a,
+           "block_tier"_a,
+           "Recompute a head of the loadable run and load the rest (the reference engine).")
+      .def("choose_prefix", &Call<&Planner::ChoosePrefix>, "prompt_tokens"_a, "resident_blocks"_a,
+           "block_tier"_a,
+           "Load a head of the loadable run and compute the rest (a paged engine: vLLM).")
       .def("load_seconds", &Planner::LoadSeconds, "tier"_a, "blocks"_a)
       .def("load_all_seconds", &Planner::LoadAllSeconds, "tier"_a, "tokens"_a)
       .def("recompute_all_seconds", &Planner::RecomputeAllSeconds, "tokens"_a)

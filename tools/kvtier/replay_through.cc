@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -31,14 +30,11 @@ class SpawnedDaemon {
       int st = 0;
       waitpid(pid_, &st, 0);
     }
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
   Status Start(const KvLayout& l, uint64_t blocks, const std::string& policy) {
-    char tmpl[] = "/tmp/kvtier-replay-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
-    dir_ = tmpl;
-    socket_ = dir_ + "/kvtier.sock";
-    const std::string config = dir_ + "/kvtier.yaml";
+    KVTIER_RETURN_IF_ERROR(dir_.Make("kvtier-replay-"));
+    socket_ = dir_.path() + "/kvtier.sock";
+    const std::string config = dir_.path() + "/kvtier.yaml";
     std::ofstream(config) << "model_id: " << kModel << "\nlayout: {num_layers: 1, num_kv_heads: 1, "
                           << "head_dim: 1, dtype: fp8, attention: mla, block_tokens: "
                           << l.block_tokens << "}\ntiers:\n  - kind: host\n    capacity: "
@@ -54,7 +50,8 @@ class SpawnedDaemon {
   const std::string& socket() const { return socket_; }
 
  private:
-  std::string dir_, socket_;
+  TempDir dir_;  // destroyed after the daemon is reaped
+  std::string socket_;
   pid_t pid_ = -1;
 };
 
@@ -95,28 +92,10 @@ struct Row {
   std::optional<CacheStats::PerTier> disk;  // --disk-live: the SSD tier after the replay
 };
 
-// A folder removed with everything in it when destroyed.
-class TempDir {
- public:
-  ~TempDir() {
-    if (!path_.empty()) std::filesystem::remove_all(path_);
-  }
-  Status Make() {
-    char tmpl[] = "/tmp/kvtier-replay-disk-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
-    path_ = tmpl;
-    return Status::Ok();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // The SSD tier of --disk-live, sized in mean live contexts, with the admission asked for.
 Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_tokens,
                           TempDir* dir) {
-  KVTIER_RETURN_IF_ERROR(dir->Make());
+  KVTIER_RETURN_IF_ERROR(dir->Make("kvtier-replay-disk-"));
   TierSpec d;
   d.kind = "disk";
   const uint64_t blocks =

@@ -9,8 +9,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -70,25 +72,34 @@ int FreeLoopbackPort() {
   return port;
 }
 
+TempDir::~TempDir() {
+  if (!path_.empty()) std::filesystem::remove_all(path_);
+}
+
+Status TempDir::Make(const std::string& prefix) {
+  std::string templ = "/tmp/" + prefix + "XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr)
+    return Status::Internal("mkdtemp " + templ + ": " + std::strerror(errno));
+  path_ = templ;
+  return Status::Ok();
+}
+
 RedisServer::~RedisServer() {
   if (pid_ > 0) {
     kill(pid_, SIGTERM);
     int st;
     waitpid(pid_, &st, 0);
   }
-  if (!dir_.empty()) std::filesystem::remove_all(dir_);
 }
 
 Status RedisServer::Start() {
   std::string bin = FindInPath("redis-server");
   if (bin.empty()) return Status::Unavailable("redis-server not found in PATH");
-  char templ[] = "/tmp/kvtier-bench-redis-XXXXXX";
-  if (mkdtemp(templ) == nullptr) return Status::Internal("mkdtemp failed");
-  dir_ = templ;
+  KVTIER_RETURN_IF_ERROR(dir_.Make("kvtier-bench-redis-"));
   port_ = FreeLoopbackPort();
   pid_ = Spawn(
       {bin, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-       "no", "--dir", dir_, "--daemonize", "no", "--logfile", dir_ + "/redis.log"},
+       "no", "--dir", dir_.path(), "--daemonize", "no", "--logfile", dir_.path() + "/redis.log"},
       nullptr);
   auto until = Clock::now() + std::chrono::seconds(10);
   while (Clock::now() < until) {
