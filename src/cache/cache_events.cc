@@ -58,9 +58,24 @@ void Cache::Impl::EmitCleared() {
   auto resident = std::make_shared<std::vector<KvEventBlock>>();
   for (const auto& [key, mask] : all)
     for (int t = 0; t < static_cast<int>(tiers_.size()); ++t)
-      if (mask & (TierMask{1} << t)) resident->push_back(KvEventBlock{key, t});
+      if (mask & (TierMask{1} << t))
+        resident->push_back(KvEventBlock{key, t, engine_hashes_.Get(key)});
   e.resident = std::move(resident);
   Deliver(e);
+}
+
+Status Cache::Impl::KeepEngineHashes(std::span<const BlockKey> keys,
+                                     std::span<const EngineBlockHashes> hashes) {
+  if (hashes.empty()) return Status::Ok();
+  if (hashes.size() != keys.size())
+    return Status::InvalidArgument("store: " + std::to_string(hashes.size()) +
+                                   " engine hash entries for " + std::to_string(keys.size()) +
+                                   " blocks");
+  if (!Listened()) return Status::Ok();
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (!hashes[i].hashes.empty())
+      engine_hashes_.Put(keys[i], std::make_shared<const EngineBlockHashes>(hashes[i]));
+  return Status::Ok();
 }
 
 KvEventsInfo Cache::events_info() const {
@@ -75,6 +90,8 @@ KvEventsInfo Cache::events_info() const {
   info.events = s.events;
   info.batches = s.batches;
   info.dropped = s.dropped;
+  info.engine_hash_blocks = impl_->engine_hashes_.size();
+  info.engine_hashes_dropped = impl_->engine_hashes_.dropped();
   return info;
 }
 
