@@ -58,3 +58,20 @@ def test_bad_configs_name_the_key():
         backends.open_cache({"host_capacity": "8XB"}, LAYOUT)
     with pytest.raises(kvtier.InvalidArgument, match="no_such_param"):
         backends.open_cache({"disk_path": "/tmp/x", "disk_no_such_param": 1}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="events_colour"):
+        backends.open_cache({"events_addr": "tcp://127.0.0.1:*", "events_colour": 1}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="events_int_hashes: 'maybe'"):
+        backends.open_cache({"events_addr": "tcp://127.0.0.1:*", "events_int_hashes": "maybe"},
+                            LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="endpoint"):
+        backends.open_cache({"events_addr": "http://x"}, LAYOUT)
+
+
+def test_inprocess_events_keys_reach_the_publisher():
+    cache = backends.open_cache({"host_capacity": "1MiB", "events_addr": "tcp://127.0.0.1:*",
+                                 "events_topic": "kv@{model}", "events_int_hashes": "false",
+                                 "model_id": "m"}, LAYOUT)
+    info = cache.events_info()
+    assert info["endpoint"].startswith("tcp://127.0.0.1:") and info["topic"] == "kv@m"
+    assert cache.wants_engine_hashes
+    assert backends.open_cache({"host_capacity": "1MiB"}, LAYOUT).events_info()["endpoint"] == ""

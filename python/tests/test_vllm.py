@@ -193,6 +193,51 @@ def test_run_f_daemon_killed(env):
     assert outputs(f["passes"][0]) == outputs(RESULTS["A"]["passes"][0])
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_run_g_events_name_offloaded_blocks_as_vllm_does(env):
+    """vLLM's own KV events on, and the kvtier connector (in process) publishing its own: the
+    hashes kvtier announces on CPU are the hashes vLLM announced on GPU for the same blocks, and
+    when vLLM evicts them (BlockRemoved GPU) kvtier's CPU copy stays announced; turn 2 then
+    loads them from kvtier, its tokens equal to run A's."""
+    ports = [_free_port() for _ in range(4)]
+    spec = {"model": env["model"], "prefix_caching": True, "phases": ["events"],
+            "gpu_blocks": 160,
+            "kv_events": {"endpoint": f"tcp://*:{ports[0]}",
+                          "replay_endpoint": f"tcp://127.0.0.1:{ports[1]}"},
+            "kvtier": {"host_capacity": "64MiB", "planner": "always-load",
+                       "events_addr": f"tcp://127.0.0.1:{ports[2]}", "events_socket": "bind",
+                       "events_replay_addr": f"tcp://127.0.0.1:{ports[3]}"}}
+    g, log = _run(["run", json.dumps(spec)])
+    RESULTS["G"] = g
+    vllm_s, kv_s = g["streams"]["vllm"], g["streams"]["kvtier"]
+    gpu = vllm_s.get("BlockStored:GPU:vllm", [])
+    gpu_removed = set(vllm_s.get("BlockRemoved:GPU:vllm", []))
+    cpu = kv_s.get("BlockStored:CPU:", [])
+    cpu_removed = set(kv_s.get("BlockRemoved:CPU:", []))
+    assert gpu and all(isinstance(h, int) for h in gpu), vllm_s.keys()
+    # Turn 1's 600 tokens: 4 kvtier blocks = 16 vLLM blocks, named as vLLM names them.
+    assert len(set(cpu)) >= 16, kv_s.keys()
+    assert set(cpu) <= set(gpu), "kvtier announced hashes vLLM never announced"
+    assert kv_s["block_size"] == [32] and vllm_s["block_size"] == [32]
+    # Nothing of these went to kvtier's key topic.
+    assert not kv_s.get("BlockStored:CPU:@kvtier-keys")
+    evicted = set(cpu) & gpu_removed
+    assert len(evicted) >= 16, "vLLM never evicted turn 1's blocks: the check proves nothing"
+    assert not evicted & cpu_removed, "kvtier withdrew its CPU copy of blocks vLLM evicted"
+    assert g["vllm_external_hits"] >= 4 * KVTIER_BLOCK, "turn 2 did not load from kvtier"
+    if "A" in RESULTS:
+        assert outputs(g["passes"][0]) == outputs(RESULTS["A"]["passes"][0])
+    SUMMARY["events"] = {"gpu_hashes": len(set(gpu)), "cpu_hashes": len(set(cpu)),
+                         "evicted_from_gpu_kept_on_cpu": len(evicted)}
+
+
 def test_measured_ttft():
     a, c = RESULTS["A"], RESULTS["C"]
     without, with_kvtier = a["passes"][0]["ttft_s"][1], c["passes"][0]["ttft_s"][1]
