@@ -64,20 +64,6 @@ void Cache::Impl::EmitCleared() {
   Deliver(e);
 }
 
-Status Cache::Impl::KeepEngineHashes(std::span<const BlockKey> keys,
-                                     std::span<const EngineBlockHashes> hashes) {
-  if (hashes.empty()) return Status::Ok();
-  if (hashes.size() != keys.size())
-    return Status::InvalidArgument("store: " + std::to_string(hashes.size()) +
-                                   " engine hash entries for " + std::to_string(keys.size()) +
-                                   " blocks");
-  if (!Listened()) return Status::Ok();
-  for (size_t i = 0; i < keys.size(); ++i)
-    if (!hashes[i].hashes.empty())
-      engine_hashes_.Put(keys[i], std::make_shared<const EngineBlockHashes>(hashes[i]));
-  return Status::Ok();
-}
-
 KvEventsInfo Cache::events_info() const {
   KvEventsInfo info;
   const events::KvEventPublisher* p = impl_->publisher_.get();

@@ -18,6 +18,7 @@
 #include <deque>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
@@ -224,9 +225,27 @@ class Cache::Impl {
     }
   }
   // Keeps hashes[i] for keys[i] for the blocks' events; call before they are recorded.
-  // InvalidArgument when there are hashes but not one per key.
-  Status KeepEngineHashes(std::span<const BlockKey> keys,
-                          std::span<const EngineBlockHashes> hashes);
+  // InvalidArgument when there are hashes but not one per key. H is const EngineBlockHashes
+  // (copied) or EngineBlockHashes (moved from: the daemon's decoded reserve).
+  template <typename H>
+  Status KeepEngineHashes(std::span<const BlockKey> keys, std::span<H> hashes) {
+    if (hashes.empty()) return Status::Ok();
+    if (hashes.size() != keys.size())
+      return Status::InvalidArgument("store: " + std::to_string(hashes.size()) +
+                                     " engine hash entries for " + std::to_string(keys.size()) +
+                                     " blocks");
+    if (!Listened()) return Status::Ok();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (hashes[i].hashes.empty()) continue;
+      if constexpr (std::is_const_v<H>) {
+        engine_hashes_.Put(keys[i], std::make_shared<const EngineBlockHashes>(hashes[i]));
+      } else {
+        engine_hashes_.Put(keys[i],
+                           std::make_shared<const EngineBlockHashes>(std::move(hashes[i])));
+      }
+    }
+    return Status::Ok();
+  }
   bool WantsEngineHashes() const { return Listened(); }
   bool Listened() const { return options_.on_event || publisher_; }
   void Deliver(const KvEvent& e) {
@@ -280,7 +299,7 @@ class Cache::Impl {
   void UnreserveHost(std::span<const uint32_t> slots);
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                          std::span<const uint64_t> checksums, uint32_t first_block,
-                         uint64_t session_id, std::span<const EngineBlockHashes> engine);
+                         uint64_t session_id, std::span<EngineBlockHashes> engine);
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 

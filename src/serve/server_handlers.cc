@@ -263,6 +263,7 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   res.session_id = m.session_id;
   if (!need.empty()) {
     const size_t got = CacheHooks::Reserve(*cache_, c->partition, need.size(), &res.slots);
+    if (!m.engine.empty()) res.engine.reserve(got);
     // The chain's head first: a later block is useless without the ones before it.
     for (size_t j = 0; j < got; ++j) {
       r.state[need[j]] = static_cast<uint8_t>(SlotState::kReserved);
@@ -307,6 +308,7 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
   std::vector<uint32_t> slots, dropped;
   std::vector<uint64_t> sums;
   std::vector<EngineBlockHashes> engine;
+  if (!res.engine.empty()) engine.reserve(res.engine.size());
   const uint64_t bb = cache_->layout().bytes_per_block();
   const bool verify = verify_commit_;
   for (size_t j = 0; j < res.slots.size(); ++j) {
