@@ -118,20 +118,6 @@ Result<RouterKind> ParseRouter(std::string_view name) {
                                  "' (medium, gpu-only, round-robin, affinity)");
 }
 
-std::string_view MediumName(TierKind kind) {
-  switch (kind) {
-    case TierKind::kEmulatedDevice:
-      return "GPU";
-    case TierKind::kHost:
-      return "CPU";
-    case TierKind::kDisk:
-      return "STORAGE";
-    case TierKind::kRemote:
-      return "REMOTE";
-  }
-  return "?";
-}
-
 MediumWeights WeightsOf(RouterKind router) {
   MediumWeights w;
   auto set = [&](TierKind k, double v) { w.by_kind[static_cast<size_t>(k)] = v; };

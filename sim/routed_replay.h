@@ -48,10 +48,6 @@ struct MediumWeights {
 // kMedium: GPU 1.0, CPU 0.8, STORAGE 0.5, REMOTE 0; kGpuOnly: GPU 1.0 only; others: none.
 MediumWeights WeightsOf(RouterKind router);
 
-// The medium the Cache announces a tier of this kind in by default: "GPU" (emulated_device),
-// "CPU" (host), "STORAGE" (disk), "REMOTE" (remote).
-std::string_view MediumName(TierKind kind);
-
 // A tier's medium is its kind's default (GPU, CPU, STORAGE, REMOTE), as the Cache publishes it:
 // per tier of a cache, the weight w gives its medium.
 std::vector<double> TierWeights(const MediumWeights& w, std::span<const TierKind> tier_kinds);

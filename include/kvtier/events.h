@@ -19,6 +19,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
@@ -54,6 +55,10 @@ struct KvEvent {
 using KvEventCallback = std::function<void(const KvEvent&)>;
 
 std::string_view KvEventTypeName(KvEvent::Type type);
+
+// The medium a tier of this kind is announced in unless KvEventsOptions::media says otherwise:
+// "GPU" (emulated device), "CPU" (host), "STORAGE" (disk), "REMOTE" (remote).
+std::string_view DefaultMedium(TierKind kind);
 
 // The Cache's ZeroMQ publisher in vLLM's format (vllm/distributed/kv_events.py, vLLM 0.32).
 // Off while endpoint is empty.

@@ -57,7 +57,7 @@ void PrintCounts(const std::vector<sim::RoutedReplayResult>& runs) {
   };
   line("hit blocks", [](const auto& r) { return r.total.hit_blocks; });
   for (size_t t = 0; t < runs[0].tier_kinds.size(); ++t) {
-    const std::string name = "  from " + std::string(sim::MediumName(runs[0].tier_kinds[t]));
+    const std::string name = "  from " + std::string(DefaultMedium(runs[0].tier_kinds[t]));
     line(name.c_str(), [t](const auto& r) { return r.hit_blocks_by_tier[t]; });
   }
   line("requests moved", [](const auto& r) { return r.moved_requests; });
@@ -79,7 +79,7 @@ nlohmann::json RunJson(const sim::RoutedReplayResult& r, const std::vector<std::
     j["per_trace"][TraceName(names[t])] = rates(r.per_trace[t]);
   j["hit_blocks_by_medium"] = nlohmann::json::object();
   for (size_t t = 0; t < r.tier_kinds.size(); ++t)
-    j["hit_blocks_by_medium"][std::string(sim::MediumName(r.tier_kinds[t]))] =
+    j["hit_blocks_by_medium"][std::string(DefaultMedium(r.tier_kinds[t]))] =
         r.hit_blocks_by_tier[t];
   j["requests_per_replica"] = r.requests_per_replica;
   j["moved_requests"] = r.moved_requests;
