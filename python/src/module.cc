@@ -35,6 +35,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "planner.h"
+#include "serve/serve_options.h"
 #include "stats.h"
 
 namespace nb = nanobind;
@@ -541,11 +542,12 @@ NB_MODULE(_kvtier, m) {
       .def_static(
           "from_yaml",
           [](const std::string& text, const std::string& source) {
-            return Take(ParseCacheOptionsYaml(text, source));
+            return Take(serve::CacheOptionsWithEvents(text, source));
           },
           "text"_a, "source"_a = "<yaml>")
       .def_static(
-          "from_file", [](const std::string& path) { return Take(LoadCacheOptionsFile(path)); },
+          "from_file",
+          [](const std::string& path) { return Take(serve::CacheOptionsWithEventsFile(path)); },
           "path"_a)
       .def_rw("layout", &CacheOptions::layout)
       .def_rw("tiers", &CacheOptions::tiers)

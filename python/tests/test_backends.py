@@ -75,3 +75,15 @@ def test_inprocess_events_keys_reach_the_publisher():
     assert info["endpoint"].startswith("tcp://127.0.0.1:") and info["topic"] == "kv@m"
     assert cache.wants_engine_hashes
     assert backends.open_cache({"host_capacity": "1MiB"}, LAYOUT).events_info()["endpoint"] == ""
+
+
+def test_yaml_configs_take_the_serve_event_keys_in_process():
+    text = ("layout: {num_layers: 2, num_kv_heads: 2, head_dim: 64, dtype: fp32, "
+            "block_tokens: 16}\n"
+            "tiers: [{kind: host, capacity: 1MiB}]\n"
+            "serve: {events_addr: 'tcp://127.0.0.1:*', events_topic: 'kv@{model}'}\n")
+    cache = kvtier.Cache.open(kvtier.CacheOptions.from_yaml(text, "t.yaml"))
+    assert cache.events_info()["topic"] == "kv@default"
+    assert cache.wants_engine_hashes
+    with pytest.raises(kvtier.InvalidArgument, match="t.yaml:3: serve.events_colour"):
+        kvtier.CacheOptions.from_yaml(text.replace("events_topic", "events_colour"), "t.yaml")

@@ -15,6 +15,7 @@
 #include "kvtier/config.h"
 #include "kvtier/kv_cache.h"
 #include "obs/stats_schema.h"
+#include "serve/serve_options.h"
 
 struct kvtier_cache {
   std::unique_ptr<kvtier::KvCache> impl;
@@ -139,7 +140,8 @@ kvtier_code kvtier_cache_open_yaml(const char* yaml_text, const char* source, kv
     *out = nullptr;
     if (yaml_text == nullptr)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_yaml: yaml_text is NULL");
-    return OpenFrom(kvtier::ParseCacheOptionsYaml(yaml_text, source ? source : "<config>"), out);
+    return OpenFrom(kvtier::serve::CacheOptionsWithEvents(yaml_text, source ? source : "<config>"),
+                    out);
   });
 }
 
@@ -149,7 +151,7 @@ kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out) {
     *out = nullptr;
     if (path == nullptr)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_file: path is NULL");
-    return OpenFrom(kvtier::LoadCacheOptionsFile(path), out);
+    return OpenFrom(kvtier::serve::CacheOptionsWithEventsFile(path), out);
   });
 }
 

@@ -388,12 +388,31 @@ Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache) {
   return cache->events.Validate().WithContext("serve.events");
 }
 
+Result<CacheOptions> CacheOptionsWithEvents(std::string_view text, std::string_view source) {
+  KVTIER_ASSIGN_OR_RETURN(CacheOptions cache, ParseCacheOptionsYaml(text, source));
+  ServeOptions serve;
+  try {
+    YAML::Node root = YAML::Load(std::string(text));
+    if (root["serve"]) {
+      KVTIER_ASSIGN_OR_RETURN(serve, ParseServe(source, root["serve"]));
+    }
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
+                                   ": " + e.msg);
+  }
+  // Only the events: the daemon's other keys and rules do not concern an in-process cache.
+  if (!serve.events_addr.empty()) KVTIER_RETURN_IF_ERROR(ApplyEventOptions(serve, &cache));
+  return cache;
+}
+
+Result<CacheOptions> CacheOptionsWithEventsFile(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+  return CacheOptionsWithEvents(text, path);
+}
+
 Result<ServeConfig> LoadServeConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::InvalidArgument(path + ": cannot open: " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseServeConfigYaml(ss.str(), path);
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+  return ParseServeConfigYaml(text, path);
 }
 
 }  // namespace kvtier::serve

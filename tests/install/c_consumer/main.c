@@ -191,6 +191,15 @@ int main(int argc, char** argv) {
   kvtier_store_result sr;
   /* No publisher in process: engine hashes are taken and not kept; a bad hash size is refused. */
   CHECK(kvtier_cache_wants_engine_hashes(cache) == 0);
+  {
+    /* With serve.events_addr the in-process cache publishes, and wants them. */
+    char yaml[512];
+    snprintf(yaml, sizeof yaml, "%sserve: {events_addr: \"tcp://127.0.0.1:*\"}\n", kConfig);
+    kvtier_cache* pub = NULL;
+    CHECK(kvtier_cache_open_yaml(yaml, "c_consumer-events", &pub) == KVTIER_OK);
+    CHECK(kvtier_cache_wants_engine_hashes(pub) == 1);
+    kvtier_cache_close(pub);
+  }
   uint8_t hash[32] = {0};
   kvtier_engine_hashes engine[2] = {{hash, 65, 1, NULL, NULL, 0, NULL},
                                     {hash, 32, 1, NULL, NULL, 0, NULL}};
