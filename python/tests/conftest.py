@@ -7,7 +7,8 @@ SUMMARY: dict = {}
 _RUNS = {"test_run_a_reference": "A", "test_run_b_vllm_prefix_cache": "B",
          "test_run_c_kvtier_loads_turn2": "C", "test_run_d_new_process_from_ssd": "D",
          "test_run_e_corrupted_block_is_recomputed": "E", "test_run_f_daemon_killed": "F",
-         "test_run_g_events_name_offloaded_blocks_as_vllm_does": "G"}
+         "test_run_g_events_name_offloaded_blocks_as_vllm_does[inprocess]": "G",
+         "test_run_g_events_name_offloaded_blocks_as_vllm_does[daemon]": "G"}
 _OUTCOMES: dict = {}
 
 

@@ -203,21 +203,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_run_g_events_name_offloaded_blocks_as_vllm_does(env):
-    """vLLM's own KV events on, and the kvtier connector (in process) publishing its own: the
-    hashes kvtier announces on CPU are the hashes vLLM announced on GPU for the same blocks, and
-    when vLLM evicts them (BlockRemoved GPU) kvtier's CPU copy stays announced; turn 2 then
-    loads them from kvtier, its tokens equal to run A's."""
+@pytest.mark.parametrize("backend", ["inprocess", "daemon"])
+def test_run_g_events_name_offloaded_blocks_as_vllm_does(env, backend, tmp_path):
+    """vLLM's own KV events on, and kvtier's beside them (the connector's in-process cache, or
+    `kvtier serve` publishing what the connector stores through it): the hashes kvtier announces
+    on CPU are the hashes vLLM announced on GPU for the same blocks, and when vLLM evicts them
+    (BlockRemoved GPU) kvtier's CPU copy stays announced; turn 2 then loads them from kvtier,
+    its tokens equal to run A's."""
     ports = [_free_port() for _ in range(4)]
+    events = {"events_addr": f"tcp://127.0.0.1:{ports[2]}", "events_socket": "bind",
+              "events_replay_addr": f"tcp://127.0.0.1:{ports[3]}"}
+    daemon = None
+    if backend == "inprocess":
+        kv = {"host_capacity": "64MiB", "planner": "always-load", **events}
+    else:
+        daemon = Daemon(tmp_path, DAEMON_LAYOUT)
+        with open(daemon.config, "a") as f:
+            f.write("serve:\n" + "".join(f"  {k}: '{v}'\n" for k, v in events.items()))
+        daemon.start()
+        kv = {"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000,
+              "planner": "always-load"}
     spec = {"model": env["model"], "prefix_caching": True, "phases": ["events"],
             "gpu_blocks": 160,
             "kv_events": {"endpoint": f"tcp://*:{ports[0]}",
                           "replay_endpoint": f"tcp://127.0.0.1:{ports[1]}"},
-            "kvtier": {"host_capacity": "64MiB", "planner": "always-load",
-                       "events_addr": f"tcp://127.0.0.1:{ports[2]}", "events_socket": "bind",
-                       "events_replay_addr": f"tcp://127.0.0.1:{ports[3]}"}}
-    g, log = _run(["run", json.dumps(spec)])
-    RESULTS["G"] = g
+            "kvtier": kv, "kvtier_replay": events["events_replay_addr"]}
+    try:
+        g, log = _run(["run", json.dumps(spec)])
+    finally:
+        if daemon is not None:
+            daemon.kill()
+    RESULTS["G" + backend] = g
     vllm_s, kv_s = g["streams"]["vllm"], g["streams"]["kvtier"]
     gpu = vllm_s.get("BlockStored:GPU:vllm", [])
     gpu_removed = set(vllm_s.get("BlockRemoved:GPU:vllm", []))
@@ -236,8 +252,9 @@ def test_run_g_events_name_offloaded_blocks_as_vllm_does(env):
     assert g["vllm_external_hits"] >= 4 * KVTIER_BLOCK, "turn 2 did not load from kvtier"
     if "A" in RESULTS:
         assert outputs(g["passes"][0]) == outputs(RESULTS["A"]["passes"][0])
-    SUMMARY["events"] = {"gpu_hashes": len(set(gpu)), "cpu_hashes": len(set(cpu)),
-                         "evicted_from_gpu_kept_on_cpu": len(evicted)}
+    SUMMARY.setdefault("events", {})[backend] = {
+        "gpu_hashes": len(set(gpu)), "cpu_hashes": len(set(cpu)),
+        "evicted_from_gpu_kept_on_cpu": len(evicted)}
 
 
 def test_measured_ttft():

@@ -155,7 +155,7 @@ def events_phase(llm, spec: dict) -> dict:
     _time.sleep(0.5)  # both publishers send a batch at most this late (kvtier 10 ms, vLLM a step)
     streams = {}
     for name, endpoint in (("vllm", spec["kv_events"]["replay_endpoint"]),
-                           ("kvtier", spec["kvtier"]["events_replay_addr"])):
+                           ("kvtier", spec["kvtier_replay"])):
         got: dict = {"topics": set()}
         for topic, _, batch in replay(endpoint):
             got["topics"].add(topic)
