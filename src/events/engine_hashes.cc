@@ -5,9 +5,8 @@ namespace kvtier::events {
 bool EngineHashTable::Put(const BlockKey& key, std::shared_ptr<const EngineBlockHashes> h) {
   Shard& s = ShardOf(key);
   MutexLock lock(&s.mu);
-  auto it = s.map.find(key);
-  if (it != s.map.end()) {
-    it->second = std::move(h);
+  if (auto* kept = s.map.Find(key)) {
+    *kept = std::move(h);
     return true;
   }
   // Room is checked loosely across shards: two Puts may pass it at once (the bound is soft by
@@ -16,7 +15,7 @@ bool EngineHashTable::Put(const BlockKey& key, std::shared_ptr<const EngineBlock
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  s.map.emplace(key, std::move(h));
+  s.map.Insert(key, h);
   size_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -25,15 +24,15 @@ std::shared_ptr<const EngineBlockHashes> EngineHashTable::Get(const BlockKey& ke
   if (size() == 0) return nullptr;
   Shard& s = ShardOf(key);
   MutexLock lock(&s.mu);
-  auto it = s.map.find(key);
-  return it == s.map.end() ? nullptr : it->second;
+  const auto* kept = s.map.Find(key);
+  return kept ? *kept : nullptr;
 }
 
 void EngineHashTable::Erase(const BlockKey& key) {
   if (size() == 0) return;
   Shard& s = ShardOf(key);
   MutexLock lock(&s.mu);
-  if (s.map.erase(key)) size_.fetch_sub(1, std::memory_order_relaxed);
+  if (s.map.Erase(key)) size_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 }  // namespace kvtier::events

@@ -14,8 +14,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 
+#include "common/flat_map.h"
 #include "common/mutex.h"
 #include "kvtier/block_key.h"
 #include "kvtier/events.h"
@@ -40,8 +40,8 @@ class EngineHashTable {
   static constexpr size_t kShards = 16;
   struct Shard {
     mutable Mutex mu;
-    std::unordered_map<BlockKey, std::shared_ptr<const EngineBlockHashes>, BlockKeyHash> map
-        KVTIER_GUARDED_BY(mu);
+    // Open addressing: a kept block costs no node allocation.
+    FlatKeyMap<std::shared_ptr<const EngineBlockHashes>> map KVTIER_GUARDED_BY(mu);
   };
   Shard& ShardOf(const BlockKey& key) const { return shards_[key.lo % kShards]; }
 
