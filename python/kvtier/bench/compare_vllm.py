@@ -46,7 +46,9 @@ BUCKETS = [("<512", 0), ("512-1K", 512), ("1K-2K", 1024), ("2K-4K", 2048), (">=4
 HOST_BYTES = 1 << 30  # every offload configuration's CPU tier
 SSD_HOST_BYTES = 64 << 20  # kvtier-serve-ssd: a host tier smaller than the workload, over
 SSD_BYTES = 1 << 30  # an SSD tier
-MAX_MODEL_LEN = {"compare": 8192, "test": 4096}
+# vLLM's context, and so the KV cache of every configuration but bound (num_gpu_blocks_override:
+# this many tokens plus 4 blocks): one longest prompt fits, the live sessions do not.
+MAX_MODEL_LEN = {"compare": 6144, "test": 4096}
 BOUND_BLOCKS = 4096  # 131K tokens: every session of every workload stays in vLLM's cache
 CHILD_TIMEOUT_S = 900
 PROBE_TIMEOUT_S = 300
@@ -73,25 +75,10 @@ def _prompt_tokens_by_source(llm):
     return out
 
 
-def _reset_prefix_cache(llm, tries=20):
-    """Empties vLLM's prefix cache. vLLM refuses while blocks are held (a connector's
-    asynchronous save of the last request holds them until a later step): run a 1-token request
-    of fresh tokens to step the engine, and try again. Returns the tries it took (0: never)."""
-    from kvtier.bench.vllm_offline import generate, tokens
-
-    for i in range(tries):
-        if llm.reset_prefix_cache():
-            return i + 1
-        generate(llm, [tokens(40_000 + i, 16)], 1)
-        time.sleep(0.05)
-    return 0
-
-
-def _run_workloads(llm, w, names, reset_short):
+def _run_workloads(llm, w, names, filler_tokens):
     from kvtier.bench.vllm_offline import generate, tokens
 
     records, per = [], {}
-    reset_tries = None
 
     def one(workload, session, turn, ctx, new, max_tokens):
         prompt = ctx + new
@@ -118,8 +105,11 @@ def _run_workloads(llm, w, names, reset_short):
             s = w["short"]
             ctx = [one(name, j, 0, [], tokens(20_000 + j, s["first_tokens"]), s["max_tokens"])
                    for j in range(s["sessions"])]
-            if reset_short:  # as if vLLM had evicted them: only an offload tier has them
-                reset_tries = _reset_prefix_cache(llm)
+            # Other traffic: one prompt as long as vLLM's context evicts the short prompts from
+            # its KV cache (not from bound's), so only an offload tier can serve them again.
+            # (vLLM's reset_prefix_cache is no substitute: it refuses while a connector's
+            # asynchronous save holds the last request's blocks, LMCache's every time.)
+            generate(llm, [tokens(50_000, filler_tokens)], 1)
             for j in range(s["sessions"]):
                 one(name, j, 1, ctx[j], tokens(21_000 + j, s["new_tokens"]), s["max_tokens"])
         elif name == "no_reuse":
@@ -132,8 +122,6 @@ def _run_workloads(llm, w, names, reset_short):
         per[name] = {"wall_s": round(wall, 3), "output_tokens": out_tokens,
                      "output_tokens_per_s": round(out_tokens / wall, 2) if wall > 0 else None,
                      "prompt_tokens": {k: int(src1[k] - src0[k]) for k in src1}}
-        if name == "short":
-            per[name]["reset_tries"] = reset_tries  # 0: vLLM's cache could not be emptied
     return records, per
 
 
@@ -158,7 +146,7 @@ def child_main(spec_path):
     with open(spec["workloads_path"]) as f:
         w = json.load(f)
     generate(llm, [tokens(999_999, 256)], 4)  # warm-up: kernels, allocator
-    records, per = _run_workloads(llm, w, spec["workloads"], spec["reset_short"])
+    records, per = _run_workloads(llm, w, spec["workloads"], spec["filler_tokens"])
     ru = resource.getrusage(resource.RUSAGE_SELF)
     doc = {"pid": os.getpid(), "start_s": start_s, "records": records, "workloads": per,
            "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
@@ -249,7 +237,7 @@ class Harness:
             "vllm": {"block_size": BLOCK_SIZE, "max_model_len": max_len, "max_num_seqs": 8,
                      "dtype": "float32", "enforce_eager": True, "enable_prefix_caching": True,
                      "distributed_executor_backend": "uni",
-                     "num_gpu_blocks_override": max_len // BLOCK_SIZE + 16,
+                     "num_gpu_blocks_override": max_len // BLOCK_SIZE + 4,
                      "bound_num_gpu_blocks_override": BOUND_BLOCKS,
                      "env": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                             "VLLM_CPU_OMP_THREADS_BIND",
@@ -284,7 +272,7 @@ class Harness:
                 "num_gpu_blocks_override": s["num_gpu_blocks_override"],
                 "workloads_path": self.workloads_path,
                 "workloads": ["short"] if probe else self.workload_names,
-                "reset_short": name != "bound", "env": {}}
+                "filler_tokens": s["max_model_len"] - 2 * BLOCK_SIZE, "env": {}}
         python = self.python
         daemon = server = None
         stats_path = os.path.join(d, "stats")

@@ -1,11 +1,11 @@
 """The comparison's workloads, derived from the real traces in shared/traces (read, never copied):
 
-- conversation: live sessions whose turn structure (prompt growth per turn, output lengths,
-  order in time) comes from AgentX coding-agent sessions (agentx-weka/) and Mooncake
+- conversation: live sessions whose turn structure (prompt growth per turn, output lengths)
+  comes from AgentX coding-agent sessions (agentx-weka/) and Mooncake
   conversations (mooncake/conversation_trace.jsonl), each scaled to a target final prompt length
-  that fits the model's context; the sessions are interleaved by their trace times, so vLLM's
-  own KV cache (sized below the live sessions' total) cannot hold every live session.
-- short: short prompts (200 tokens) resumed once, vLLM's own cache emptied in between: where
+  that fits the model's context; the sessions are interleaved turn by turn, so vLLM's own KV
+  cache (sized to one longest prompt, below the live sessions' total) cannot hold them all.
+- short: short prompts (200 tokens) resumed once, evicted from vLLM's cache in between: where
   reloading should lose to recomputing.
 - no_reuse: distinct prompts, lengths from Mooncake first turns: the miss cost.
 
@@ -121,11 +121,11 @@ def build(trace_dir, turns=3, short_sessions=8, no_reuse=6, sessions=True):
     conv = []
     if sessions:
         conv = agentx_sessions(trace_dir, turns) + mooncake_conversations(trace_dir, turns)
-        # Interleaved by trace time; session i starts i seconds after session 0, so every
-        # session's first turn comes before any second turn of a session started earlier.
-        events = sorted(((turn["t"] + i, i, k) for i, s in enumerate(conv)
-                         for k, turn in enumerate(s["turns"])))
-        order = [[i, k] for _, i, k in events]
+        # Round-robin, as sessions live at once on a server: every session's turn k before any
+        # session's turn k + 1, so between two turns of a session all the others run, more
+        # tokens than vLLM's KV cache holds. (The traces' think times are kept in "t" but not
+        # slept: an idle machine would only lengthen the run.)
+        order = [[i, k] for k in range(turns) for i in range(len(conv))]
     else:
         order = []
     return {
