@@ -376,6 +376,13 @@ class Harness:
                         result.setdefault("kvtier_stats", {})[role] = json.load(f)
                 except (OSError, ValueError):
                     pass
+        if name.startswith("kvtier") and "error" not in result:
+            # The connector runs on when it cannot reach its cache (every request recomputed):
+            # that is no kvtier figure.
+            said = [ln for ln in log_text.splitlines()
+                    if "kvtier: cannot open the cache" in ln or "is not reachable" in ln]
+            if said:
+                result = {"error": said[0][said[0].find("kvtier:"):][:500]}
         if name == "lmcache" and "error" not in result and not self.gpu:
             ext = sum(v["prompt_tokens"]["external"] for v in result["workloads"].values())
             if LMCACHE_CANNOT_OFFLOAD in log_text or ext == 0:
@@ -385,6 +392,8 @@ class Harness:
                 result = {"error": f"starts but cannot offload on vLLM's CPU build: {ext:.0f} "
                                    f"external hit tokens; its log: " + " | ".join(said)}
         result["elapsed_s"] = round(elapsed, 2)
+        result["connector"] = spec.get("kvtier") or spec.get("kv_transfer_config")
+        result["env"] = spec["env"]
         with open(os.path.join(self.runs_dir, tag + ".json"), "w") as f:
             json.dump(result, f)
         return result
@@ -545,6 +554,9 @@ def aggregate(results, errors, configs):
             doc["daemon_cpu_s"] = statistics.median(d["cpu_s"] for d in ds)
             doc["daemon_peak_rss_mib"] = statistics.median(d["peak_rss_mib"] for d in ds)
         doc["run_elapsed_s"] = [run["elapsed_s"] for run in runs]
+        doc["connector"] = runs[0].get("connector")
+        if runs[0].get("env"):
+            doc["env"] = runs[0]["env"]
         out[c] = doc
     return out
 
