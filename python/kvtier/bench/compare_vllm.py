@@ -3,6 +3,7 @@ the same run, each run in a fresh process, in interleaved rounds (A B C ..., the
 
     python -m kvtier.bench.compare_vllm --out DIR [--rounds 3] [--configs a,b,...] [--model-preset
         compare|test] [--smoke]
+    python -m kvtier.bench.compare_vllm plot DIR   (redraws DIR/compare.svg from compare.json)
     (scripts/compare-vllm sets up the environments and runs this)
 
 Configurations (CONFIGS): baseline (vLLM's prefix cache only, its KV cache smaller than the live
@@ -604,15 +605,16 @@ def svg(configs, path):
         series.append((c, COLORS[i % len(COLORS)], pts))
     W, H, L, R, T, B = 760, 440, 70, 190, 30, 50
     xs = [p[0] for _, _, pts in series for p in pts] or [100, 1000]
-    ys = [p[2] for _, _, pts in series for p in pts] or [1.0]
+    ys = [p[k] for _, _, pts in series for p in pts for k in (1, 2) if p[k]] or [0.1, 1.0]
     x0, x1 = math.log10(max(1, min(xs)) / 1.3), math.log10(max(xs) * 1.3)
-    y1 = max(ys) * 1.08
+    # Log y too: the offloads' TTFTs are a tenth of the baseline's at long prefixes.
+    y0, y1 = math.log10(min(ys) / 1.2), math.log10(max(ys) * 1.2)
 
     def X(v):
         return L + (math.log10(max(v, 1)) - x0) / (x1 - x0) * (W - L - R)
 
     def Y(v):
-        return T + (1 - v / y1) * (H - T - B)
+        return T + (1 - (math.log10(max(v, 1e-6)) - y0) / (y1 - y0)) * (H - T - B)
 
     o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
          f'font-family="sans-serif" font-size="12">',
@@ -621,9 +623,10 @@ def svg(configs, path):
          f'(p50 solid, p99 dashed)</text>',
          f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
          f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>']
-    for k in range(6):
-        v = y1 * k / 5
-        o.append(f'<text x="{L - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
+    for v in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20):
+        if not y0 <= math.log10(v) <= y1:
+            continue
+        o.append(f'<text x="{L - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
         o.append(f'<line x1="{L}" y1="{Y(v):.1f}" x2="{W - R}" y2="{Y(v):.1f}" stroke="#ddd"/>')
     for v in (128, 256, 512, 1024, 2048, 4096, 8192):
         if x0 <= math.log10(v) <= x1:
@@ -633,7 +636,7 @@ def svg(configs, path):
     o.append(f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">reused prefix '
              f'(tokens, bucket median)</text>')
     o.append(f'<text x="16" y="{(T + H - B) / 2}" transform="rotate(-90 16 {(T + H - B) / 2})" '
-             f'text-anchor="middle">TTFT (s)</text>')
+             f'text-anchor="middle">TTFT (s, log)</text>')
     for n, (c, col, pts) in enumerate(series):
         for idx, dash in ((1, ""), (2, ' stroke-dasharray="5,4"')):
             d = " ".join(f"{X(p[0]):.1f},{Y(p[idx]):.1f}" for p in pts)
@@ -668,6 +671,10 @@ def main(argv=None):
         argv = sys.argv[1:]
     if argv and argv[0] == "child":
         return child_main(argv[1])
+    if argv and argv[0] == "plot":  # plot DIR: redraw DIR/compare.svg from DIR/compare.json
+        with open(os.path.join(argv[1], "compare.json")) as f:
+            svg(json.load(f)["configs"], os.path.join(argv[1], "compare.svg"))
+        return 0
     ap = argparse.ArgumentParser(prog="compare-vllm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results folder (compare.json, compare.svg)")
     ap.add_argument("--rounds", type=int, default=3)
