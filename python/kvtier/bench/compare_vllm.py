@@ -39,7 +39,6 @@ import time
 from kvtier.bench import compare_workloads
 from kvtier.bench.serve_daemon import ServeDaemon, find_kvtier_bin, wait_rusage
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = ["baseline", "bound", "vllm-offloading", "lmcache", "lmcache-mp", "kvtier",
            "kvtier-serve", "kvtier-serve-ssd"]
 # Reused-prefix buckets (tokens): name, lower bound.
