@@ -37,47 +37,69 @@ CacheOptions ReplayCacheOptions(const KvLayout& layout, uint64_t blocks, std::st
   return co;
 }
 
+Result<LookupResult> ReplayRequestThroughApi(KvCache& cache, const workload::ReplayRequest& q,
+                                             std::span<const BlockKey> keys,
+                                             const ApiReplayOptions& o, uint64_t* inserted) {
+  const uint32_t bt = cache.layout().block_tokens;
+  const uint64_t bb = cache.layout().bytes_per_block();
+  if (q.block_tokens != bt)
+    return Status::InvalidArgument("the trace has " + std::to_string(q.block_tokens) +
+                                   "-token blocks, the cache " + std::to_string(bt));
+  RequestOptions ro;
+  ro.session_id = q.session;
+  KVTIER_ASSIGN_OR_RETURN(LookupResult lookup, cache.LookupKeys(keys, ro));
+  const uint32_t matched = lookup.hit_blocks;
+  if (o.load_hits && matched > 0) {
+    std::vector<std::byte> into(matched * bb);
+    std::vector<MutableBlock> dst;
+    dst.reserve(matched);
+    for (uint32_t i = 0; i < matched; ++i) dst.emplace_back(into.data() + i * bb, bb);
+    KVTIER_ASSIGN_OR_RETURN(LoadResult loaded, cache.Load(lookup, dst));
+    if (loaded.loaded_blocks < matched) {
+      const Status why = loaded.loaded_blocks < loaded.block_status.size()
+                             ? loaded.block_status[loaded.loaded_blocks]
+                             : Status::Internal("a hit block was not loaded");
+      return why.WithContext("load of a hit block");
+    }
+  }
+  // As an engine after its Load: the pins go before the new blocks are stored.
+  lookup.pins.Release();
+  if (matched < keys.size()) {
+    const std::vector<std::byte> zeros(bb);
+    const std::vector<ConstBlock> blocks(keys.size() - matched, ConstBlock(zeros.data(), bb));
+    KVTIER_ASSIGN_OR_RETURN(StoreResult s,
+                            cache.StoreKeys(keys.subspan(matched), blocks, matched, ro));
+    if (s.stored_blocks + s.present_blocks == 0 && !s.first_error.ok() &&
+        s.first_error.code() != StatusCode::kResourceExhausted)
+      return s.first_error;
+    *inserted += s.stored_blocks;
+  }
+  if (const auto event = EngineEventAfter(o.events, q)) cache.NotifySession(q.session, *event);
+  return lookup;
+}
+
 Result<CacheReplayResult> ReplayThroughApi(workload::RequestStream& stream, KvCache& cache,
                                            const ApiReplayOptions& o, const ProgressFn& progress) {
   CacheReplayResult res;
   res.capacity_tokens = o.capacity_tokens;
-  const uint32_t bt = cache.layout().block_tokens;
-  const uint64_t bb = cache.layout().bytes_per_block();
-  const std::vector<std::byte> zeros(bb);
-  std::vector<ConstBlock> blocks;
   ChainHasher hasher;
   workload::ReplayRequest q;
   uint64_t n_req = 0;
   const double start = MonotonicSeconds();
   stream.Rewind();
   while (stream.Next(&q)) {
-    if (q.block_tokens != bt)
-      return Status::InvalidArgument("the trace has " + std::to_string(q.block_tokens) +
-                                     "-token blocks, the cache " + std::to_string(bt));
     size_t common = 0;
     std::span<const BlockKey> keys = hasher.Keys(q, &common);
-    RequestOptions ro;
-    ro.session_id = q.session;
-    KVTIER_ASSIGN_OR_RETURN(LookupResult lookup, cache.LookupKeys(keys, ro));
-    const uint32_t matched = lookup.hit_blocks;
-    // As an engine after its Load: the pins go before the new blocks are stored.
-    lookup.pins.Release();
-    if (matched < keys.size()) {
-      blocks.assign(keys.size() - matched, ConstBlock(zeros.data(), bb));
-      KVTIER_ASSIGN_OR_RETURN(StoreResult s,
-                              cache.StoreKeys(keys.subspan(matched), blocks, matched, ro));
-      if (s.stored_blocks + s.present_blocks == 0 && !s.first_error.ok() &&
-          s.first_error.code() != StatusCode::kResourceExhausted)
-        return s.first_error.WithContext("store of request " + std::to_string(n_req));
-      res.inserted_blocks += s.stored_blocks;
-    }
-    if (const auto event = EngineEventAfter(o.events, q)) cache.NotifySession(q.session, *event);
-    CountRequest(&res, q, matched);
+    Result<LookupResult> lookup = ReplayRequestThroughApi(cache, q, keys, o, &res.inserted_blocks);
+    if (!lookup.ok()) return lookup.status().WithContext("request " + std::to_string(n_req));
+    CountRequest(&res, q, lookup->hit_blocks);
     if (o.after_request) o.after_request();
-    if (progress && (++n_req & 1023) == 0) progress(stream.progress());
+    if (progress && (n_req & 1023) == 1023) progress(stream.progress());
+    ++n_req;
   }
   KVTIER_RETURN_IF_ERROR(stream.status());
   res.seconds = MonotonicSeconds() - start;
+  const uint64_t bb = cache.layout().bytes_per_block();
   const CacheStats st = cache.stats();
   if (!st.tiers.empty()) {
     res.evicted_blocks = st.tiers[0].evictions;

@@ -23,6 +23,9 @@ struct ApiReplayOptions {
   uint64_t capacity_tokens = 0;  // reported only: the cache's own tier sets the capacity
   // Called after each request (e.g. Cache::Flush, so background writes land in trace order).
   std::function<void()> after_request;
+  // Set: each request Loads its hit blocks before its Store, as an engine does, so the cache
+  // promotes what it read from a lower tier into its first (promote_on_load).
+  bool load_hits = false;
 };
 
 // The smallest block there is (one layer, one byte per token), for replays whose figure is
@@ -33,6 +36,14 @@ KvLayout ReplayLayout(uint32_t block_tokens);
 std::string ReplayLibraryPolicy(std::string_view policy);
 // A cache of one host tier of `blocks` blocks of layout, evicting by policy (a replay name).
 CacheOptions ReplayCacheOptions(const KvLayout& layout, uint64_t blocks, std::string_view policy);
+
+// One request of the replay below on cache, its chain hashed by the caller: LookupKeys with
+// the session id, with load_hits a Load of the hit blocks, the pins released, StoreKeys of the
+// missed blocks (zeros), then the session event of options.events. Returns the lookup (pins
+// released) and adds the blocks stored to *inserted. Errors as ReplayThroughApi.
+Result<LookupResult> ReplayRequestThroughApi(KvCache& cache, const workload::ReplayRequest& q,
+                                             std::span<const BlockKey> keys,
+                                             const ApiReplayOptions& options, uint64_t* inserted);
 
 // Replays the stream (rewound first and after) through cache. Every block's payload is
 // zeros of the cache's block size. The cache's layout.block_tokens must equal the trace's.

@@ -151,6 +151,34 @@ KVTIER_C_EXPORT kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* to
                                          const kvtier_request* request,
                                          kvtier_store_result* result);
 
+/* The engine's own hashes of one stored block (for vLLM: the block hashes of the vLLM blocks
+ * inside the kvtier block, oldest first), announced in the cache's KV events instead of kvtier's
+ * key, so a router matches them to the hashes it computes (doc/events.md). */
+typedef struct kvtier_engine_hashes {
+  const uint8_t* hashes;     /* num_hashes hashes of hash_bytes bytes each, back to back */
+  size_t hash_bytes;         /* 1..64 */
+  size_t num_hashes;         /* 0: none for this block (it is announced by kvtier's key) */
+  const uint8_t* parent;     /* hash_bytes bytes: the engine block before hashes[0]; NULL: none */
+  const uint32_t* token_ids; /* every token of the block; may be NULL with num_tokens 0 */
+  size_t num_tokens;
+  const char* lora_name; /* NULL: none */
+} kvtier_engine_hashes;
+
+/* kvtier_store, with engine[i] the engine's hashes of blocks[i] (engine may be NULL: none).
+ * Kept while the block is resident, when the cache publishes KV events
+ * (kvtier_cache_wants_engine_hashes). INVALID_ARGUMENT for a hash size outside 1..64 or a
+ * NULL pointer with a non-zero count. */
+KVTIER_C_EXPORT kvtier_code kvtier_store_with_hashes(kvtier_cache* cache, const uint32_t* tokens,
+                                                     size_t num_tokens, const void* const* blocks,
+                                                     size_t num_blocks, uint32_t first_block,
+                                                     const kvtier_request* request,
+                                                     const kvtier_engine_hashes* engine,
+                                                     kvtier_store_result* result);
+
+/* 1 when the cache publishes KV events, so a store's engine hashes are used (through a client:
+ * the daemon said so when it connected); 0 otherwise or for NULL. */
+KVTIER_C_EXPORT int kvtier_cache_wants_engine_hashes(const kvtier_cache* cache);
+
 /* What is known of a session's lifecycle, for the session-aware eviction policy ("session"):
  * a session waiting on a tool call comes back; a finished one does not. */
 typedef enum kvtier_session_event {

@@ -163,6 +163,7 @@ class Cache final : public KvCache {
   // Session lifecycle hints for session-aware policies.
   void NotifySession(uint64_t session_id, SessionEvent event) override;
   void NoteDeclined(std::span<const uint32_t> blocks_by_tier) override;
+  bool WantsEngineHashes() const override;
 
   // Waits until every background write queued before the call (and what it cascades into)
   // is done. Destroying the Cache also drains the queue first.

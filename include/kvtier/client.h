@@ -107,6 +107,8 @@ class Client final : public KvCache {
   void NotifySession(uint64_t session_id, SessionEvent event) override;
   // One-way: dropped while disconnected.
   void NoteDeclined(std::span<const uint32_t> blocks_by_tier) override;
+  // The daemon publishes KV events (it said so at connect): Store's engine hashes travel.
+  bool WantsEngineHashes() const override;
   // The daemon's cache stats; empty when it cannot be reached.
   CacheStats stats() const override;
 

@@ -32,6 +32,8 @@ namespace kvtier {
 Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_view source);
 // Reads and parses a file.
 Result<CacheOptions> LoadCacheOptionsFile(const std::string& path);
+// The text of a config file; InvalidArgument naming the file when it cannot be read.
+Result<std::string> ReadConfigFile(const std::string& path);
 
 }  // namespace kvtier
 

@@ -19,6 +19,7 @@
 
 #include "kvtier/block_key.h"
 #include "kvtier/status.h"
+#include "kvtier/tier.h"
 
 namespace kvtier {
 
@@ -36,6 +37,7 @@ struct EngineBlockHashes {
 struct KvEventBlock {
   BlockKey key;
   int tier = 0;
+  std::shared_ptr<const EngineBlockHashes> engine;  // null: announce `key`
 };
 
 struct KvEvent {
@@ -53,6 +55,10 @@ struct KvEvent {
 using KvEventCallback = std::function<void(const KvEvent&)>;
 
 std::string_view KvEventTypeName(KvEvent::Type type);
+
+// The medium a tier of this kind is announced in unless KvEventsOptions::media says otherwise:
+// "GPU" (emulated device), "CPU" (host), "STORAGE" (disk), "REMOTE" (remote).
+std::string_view DefaultMedium(TierKind kind);
 
 // The Cache's ZeroMQ publisher in vLLM's format (vllm/distributed/kv_events.py, vLLM 0.32).
 // Off while endpoint is empty.
@@ -86,6 +92,13 @@ struct KvEventsOptions {
   // Medium per tier (index in CacheOptions::tiers); missing or empty: by kind, "GPU" for the
   // device tier, "CPU" for host, "STORAGE" for disk, "REMOTE" for remote.
   std::vector<std::string> media;
+  // Engine hashes as vLLM 0.32 announces them by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1):
+  // the low 64 bits of the big-endian bytes, an unsigned int. false: the bytes as given.
+  bool int_hashes = true;
+  // Blocks whose engine hashes the Cache keeps for its events (Store's engine_hashes), while the
+  // block is resident somewhere; past it, a newly stored block is announced with kvtier's key
+  // (counted, KvEventsInfo::engine_hashes_dropped).
+  uint64_t engine_hash_blocks = uint64_t{1} << 20;
 
   bool enabled() const { return !endpoint.empty(); }
   // OK, or InvalidArgument naming the field.
@@ -94,13 +107,15 @@ struct KvEventsOptions {
 
 // A running publisher: where it is and what it sent.
 struct KvEventsInfo {
-  std::string endpoint;         // as bound (the real port) or connected; empty: off
-  std::string replay_endpoint;  // as bound; empty: none
-  std::string topic;            // the engine-hash topic
-  std::string keys_topic;       // the kvtier-key topic
-  uint64_t events = 0;          // events sent
-  uint64_t batches = 0;         // messages sent
-  uint64_t dropped = 0;         // events dropped on a full queue
+  std::string endpoint;                // as bound (the real port) or connected; empty: off
+  std::string replay_endpoint;         // as bound; empty: none
+  std::string topic;                   // the engine-hash topic
+  std::string keys_topic;              // the kvtier-key topic
+  uint64_t events = 0;                 // events sent
+  uint64_t batches = 0;                // messages sent
+  uint64_t dropped = 0;                // events dropped on a full queue
+  uint64_t engine_hash_blocks = 0;     // blocks whose engine hashes are kept now
+  uint64_t engine_hashes_dropped = 0;  // stored blocks whose hashes found the table full
 };
 
 }  // namespace kvtier

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "kvtier/events.h"
 #include "kvtier/layout.h"
 #include "kvtier/metrics.h"
 #include "kvtier/policy.h"
@@ -36,6 +37,10 @@ struct RequestOptions {
   std::string tenant;   // empty = the cache's default tenant
   std::string lora_id;  // empty = the cache's default LoRA (usually the base model)
   uint64_t session_id = 0;
+  // Store only: the engine's own hashes of each stored block (engine_hashes[i] for blocks[i];
+  // empty: none). Kept while the block is resident and announced in its KV events instead of
+  // kvtier's key (doc/events.md); not kept when nothing listens (WantsEngineHashes).
+  std::span<const EngineBlockHashes> engine_hashes;
 };
 
 // Move-only handle that keeps a lookup's hit blocks resident until it is released or destroyed.
@@ -161,6 +166,10 @@ class KvCache {
   virtual void NoteDeclined(std::span<const uint32_t> blocks_by_tier) = 0;
 
   virtual CacheStats stats() const = 0;
+
+  // Whether Store's engine_hashes are used (the cache publishes KV events): an engine may skip
+  // building them otherwise.
+  virtual bool WantsEngineHashes() const { return false; }
 };
 
 }  // namespace kvtier

@@ -20,6 +20,8 @@ from kvtier._kvtier import (  # noqa: F401
     CacheOptions,
     Client,
     Corruption,
+    EngineBlockHashes,
+    EventsOptions,
     Internal,
     InvalidArgument,
     KvCache,
@@ -52,6 +54,8 @@ __all__ = [
     "CacheOptions",
     "Client",
     "Corruption",
+    "EngineBlockHashes",
+    "EventsOptions",
     "Internal",
     "InvalidArgument",
     "KvCache",
@@ -112,10 +116,14 @@ def disk_tier(path, capacity, *, name: str = "", **params) -> TierSpec:
 
 def open_cache(layout: KvLayout, tiers, *, model_id: str = "default", model_revision: str = "",
                tenant: str = "", lora_id: str = "", write_mode: str = "write-through",
-               verify_checksums: bool = True, promote_on_load: bool = True) -> Cache:
-    """Opens an in-process Cache. Raises kvtier.InvalidArgument naming a wrong option."""
-    return Cache.open(CacheOptions(layout, list(tiers), model_id=model_id,
-                                   model_revision=model_revision, tenant=tenant,
-                                   lora_id=lora_id, write_mode=write_mode,
-                                   verify_checksums=verify_checksums,
-                                   promote_on_load=promote_on_load))
+               verify_checksums: bool = True, promote_on_load: bool = True,
+               events: "EventsOptions | None" = None) -> Cache:
+    """Opens an in-process Cache. Raises kvtier.InvalidArgument naming a wrong option.
+    events: its KV-event publisher (kvtier.EventsOptions; doc/events.md); none by default."""
+    options = CacheOptions(layout, list(tiers), model_id=model_id,
+                           model_revision=model_revision, tenant=tenant, lora_id=lora_id,
+                           write_mode=write_mode, verify_checksums=verify_checksums,
+                           promote_on_load=promote_on_load)
+    if events is not None:
+        options.events = events
+    return Cache.open(options)

@@ -71,6 +71,53 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
     return tiers
 
 
+# events_<key>: the in-process cache's KV-event publisher (kvtier.EventsOptions; the same words
+# as kvtier serve's serve.events_* keys, doc/config.md). events_addr turns it on.
+_EVENT_KEYS = {
+    "events_addr": ("endpoint", str),
+    "events_socket": ("socket", str),
+    "events_topic": ("topic", str),
+    "events_keys_topic_suffix": ("keys_topic_suffix", str),
+    "events_topic_host": ("topic_host", str),
+    "events_topic_port": ("topic_port", str),
+    "events_replay_addr": ("replay_endpoint", str),
+    "events_replay_batches": ("replay_batches", int),
+    "events_batch_events": ("max_batch_events", int),
+    "events_batch_ms": ("batch_interval_ms", int),
+    "events_queue_events": ("queue_events", int),
+    "events_dp_rank": ("data_parallel_rank", int),
+    "events_int_hashes": ("int_hashes", "bool"),
+    "events_engine_hash_blocks": ("engine_hash_blocks", int),
+}
+
+
+def _events(config: dict[str, Any]) -> "kvtier.EventsOptions | None":
+    if not config.get("events_addr"):
+        return None
+    e = kvtier.EventsOptions()
+    for key, value in config.items():
+        if not key.startswith("events_"):
+            continue
+        if key == "events_media":  # tier name (host, disk, remote) -> medium
+            order = [t.name or t.kind for t in _tiers(config)]
+            e.media = [str(value.get(name, "")) for name in order]
+            continue
+        if key not in _EVENT_KEYS:
+            raise kvtier.InvalidArgument(f"kvtier config: unknown key '{key}' (events keys: "
+                                         f"{', '.join(sorted(_EVENT_KEYS))}, events_media)")
+        field, kind = _EVENT_KEYS[key]
+        if kind == "bool":
+            if str(value).lower() not in ("true", "false", "1", "0"):
+                raise kvtier.InvalidArgument(f"kvtier config: {key}: {value!r} is not true or "
+                                             "false")
+            value, kind = str(value).lower() in ("true", "1"), bool
+        try:
+            setattr(e, field, kind(value))
+        except (TypeError, ValueError) as err:
+            raise kvtier.InvalidArgument(f"kvtier config: {key}: {err}") from None
+    return e
+
+
 def _open_inprocess(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
     return kvtier.open_cache(
         layout, _tiers(config),
@@ -79,7 +126,8 @@ def _open_inprocess(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.K
         tenant=str(config.get("tenant", "")),
         lora_id=str(config.get("lora_id", "")),
         write_mode=str(config.get("write_mode", "write-through")),
-        verify_checksums=bool(config.get("verify_checksums", True)))
+        verify_checksums=bool(config.get("verify_checksums", True)),
+        events=_events(config))
 
 
 def _open_daemon(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:

@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "events.h"
 #include "kvtier/block_key.h"
 #include "kvtier/cache.h"
 #include "kvtier/client.h"
@@ -34,6 +35,7 @@
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
 #include "planner.h"
+#include "serve/serve_options.h"
 #include "stats.h"
 
 namespace nb = nanobind;
@@ -327,6 +329,7 @@ NB_MODULE(_kvtier, m) {
   nb::set_leak_warnings(false);
   RegisterStats(m);
   RegisterPlanner(m);
+  RegisterEvents(m);
 
   // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
   PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);
@@ -539,11 +542,12 @@ NB_MODULE(_kvtier, m) {
       .def_static(
           "from_yaml",
           [](const std::string& text, const std::string& source) {
-            return Take(ParseCacheOptionsYaml(text, source));
+            return Take(serve::CacheOptionsWithEvents(text, source));
           },
           "text"_a, "source"_a = "<yaml>")
       .def_static(
-          "from_file", [](const std::string& path) { return Take(LoadCacheOptionsFile(path)); },
+          "from_file",
+          [](const std::string& path) { return Take(serve::CacheOptionsWithEventsFile(path)); },
           "path"_a)
       .def_rw("layout", &CacheOptions::layout)
       .def_rw("tiers", &CacheOptions::tiers)
@@ -553,6 +557,7 @@ NB_MODULE(_kvtier, m) {
       .def_rw("lora_id", &CacheOptions::lora_id)
       .def_rw("verify_checksums", &CacheOptions::verify_checksums)
       .def_rw("promote_on_load", &CacheOptions::promote_on_load)
+      .def_rw("events", &CacheOptions::events)
       .def("validate", [](const CacheOptions& o) { Check(o.Validate()); });
 
   nb::class_<LookupResult>(m, "LookupResult",
@@ -646,33 +651,43 @@ NB_MODULE(_kvtier, m) {
           "store",
           [](KvCache& c, const std::vector<TokenId>& tokens, nb::handle blocks,
              uint32_t first_block, const std::string& tenant, const std::string& lora_id,
-             uint64_t session_id) {
+             uint64_t session_id, const std::vector<EngineBlockHashes>& engine_hashes) {
             auto spans =
                 Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+            RequestOptions rq = Request(tenant, lora_id, session_id);
+            rq.engine_hashes = engine_hashes;
             Result<StoreResult> r = Status::Internal("unset");
             {
               nb::gil_scoped_release release;
-              r = c.Store(tokens, spans, first_block, Request(tenant, lora_id, session_id));
+              r = c.Store(tokens, spans, first_block, rq);
             }
             return Take(std::move(r));
           },
           "tokens"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
-          "session_id"_a = 0)
+          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{},
+          "engine_hashes: one kvtier.EngineBlockHashes per block (or none), announced in the "
+          "cache's KV events instead of kvtier's keys (see wants_engine_hashes).")
       .def(
           "store_keys",
           [](KvCache& c, const std::vector<BlockKey>& keys, nb::handle blocks, uint32_t first_block,
-             const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
+             const std::string& tenant, const std::string& lora_id, uint64_t session_id,
+             const std::vector<EngineBlockHashes>& engine_hashes) {
             auto spans =
                 Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+            RequestOptions rq = Request(tenant, lora_id, session_id);
+            rq.engine_hashes = engine_hashes;
             Result<StoreResult> r = Status::Internal("unset");
             {
               nb::gil_scoped_release release;
-              r = c.StoreKeys(keys, spans, first_block, Request(tenant, lora_id, session_id));
+              r = c.StoreKeys(keys, spans, first_block, rq);
             }
             return Take(std::move(r));
           },
           "keys"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
-          "session_id"_a = 0)
+          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{})
+      .def_prop_ro("wants_engine_hashes", &KvCache::WantsEngineHashes,
+                   "Whether stores' engine_hashes are used: the cache (or its daemon) publishes "
+                   "KV events.")
       .def(
           "notify_session",
           [](KvCache& c, uint64_t session_id, const std::string& event) {
@@ -710,7 +725,10 @@ NB_MODULE(_kvtier, m) {
             c.Flush();
           },
           "Waits for the background writes to lower tiers.")
-      .def("prometheus_text", &Cache::PrometheusText);
+      .def("prometheus_text", &Cache::PrometheusText)
+      .def(
+          "events_info", [](const Cache& c) { return EventsInfoDict(c.events_info()); },
+          "The KV-event publisher: its endpoints, topics and counters (empty endpoint: off).");
 
   m.def("default_socket_path", &DefaultSocketPath,
         "$XDG_RUNTIME_DIR/kvtier/kvtier.sock, else /run/kvtier/kvtier.sock.");

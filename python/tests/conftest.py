@@ -6,7 +6,9 @@ import os
 SUMMARY: dict = {}
 _RUNS = {"test_run_a_reference": "A", "test_run_b_vllm_prefix_cache": "B",
          "test_run_c_kvtier_loads_turn2": "C", "test_run_d_new_process_from_ssd": "D",
-         "test_run_e_corrupted_block_is_recomputed": "E", "test_run_f_daemon_killed": "F"}
+         "test_run_e_corrupted_block_is_recomputed": "E", "test_run_f_daemon_killed": "F",
+         "test_run_g_events_name_offloaded_blocks_as_vllm_does[inprocess]": "G",
+         "test_run_g_events_name_offloaded_blocks_as_vllm_does[daemon]": "G"}
 _OUTCOMES: dict = {}
 
 
@@ -29,11 +31,12 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     equal = SUMMARY.get("equal", {})
-    doc = {"runs": {r: _OUTCOMES.get(r, "not run") for r in "ABCDEF"},
+    doc = {"runs": {r: _OUTCOMES.get(r, "not run") for r in "ABCDEFG"},
            "tokens_equal": len(equal) == 3 and all(equal.values()),
            "hit_tokens_vllm": SUMMARY.get("hit_tokens_vllm"),
            "hit_tokens_kvtier": SUMMARY.get("hit_tokens_kvtier"),
            "ttft_turn2_s": SUMMARY.get("ttft_turn2_s"),
+           "events": SUMMARY.get("events"),
            "miss_throughput_ratio": SUMMARY.get("miss_throughput_ratio"),
            "miss_rounds": SUMMARY.get("miss_rounds"),
            "miss_throughput_ratio_same_process": SUMMARY.get("miss_throughput_ratio_same_process"),

@@ -58,3 +58,32 @@ def test_bad_configs_name_the_key():
         backends.open_cache({"host_capacity": "8XB"}, LAYOUT)
     with pytest.raises(kvtier.InvalidArgument, match="no_such_param"):
         backends.open_cache({"disk_path": "/tmp/x", "disk_no_such_param": 1}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="events_colour"):
+        backends.open_cache({"events_addr": "tcp://127.0.0.1:*", "events_colour": 1}, LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="events_int_hashes: 'maybe'"):
+        backends.open_cache({"events_addr": "tcp://127.0.0.1:*", "events_int_hashes": "maybe"},
+                            LAYOUT)
+    with pytest.raises(kvtier.InvalidArgument, match="endpoint"):
+        backends.open_cache({"events_addr": "http://x"}, LAYOUT)
+
+
+def test_inprocess_events_keys_reach_the_publisher():
+    cache = backends.open_cache({"host_capacity": "1MiB", "events_addr": "tcp://127.0.0.1:*",
+                                 "events_topic": "kv@{model}", "events_int_hashes": "false",
+                                 "model_id": "m"}, LAYOUT)
+    info = cache.events_info()
+    assert info["endpoint"].startswith("tcp://127.0.0.1:") and info["topic"] == "kv@m"
+    assert cache.wants_engine_hashes
+    assert backends.open_cache({"host_capacity": "1MiB"}, LAYOUT).events_info()["endpoint"] == ""
+
+
+def test_yaml_configs_take_the_serve_event_keys_in_process():
+    text = ("layout: {num_layers: 2, num_kv_heads: 2, head_dim: 64, dtype: fp32, "
+            "block_tokens: 16}\n"
+            "tiers: [{kind: host, capacity: 1MiB}]\n"
+            "serve: {events_addr: 'tcp://127.0.0.1:*', events_topic: 'kv@{model}'}\n")
+    cache = kvtier.Cache.open(kvtier.CacheOptions.from_yaml(text, "t.yaml"))
+    assert cache.events_info()["topic"] == "kv@default"
+    assert cache.wants_engine_hashes
+    with pytest.raises(kvtier.InvalidArgument, match="t.yaml:3: serve.events_colour"):
+        kvtier.CacheOptions.from_yaml(text.replace("events_topic", "events_colour"), "t.yaml")

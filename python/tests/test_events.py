@@ -17,6 +17,7 @@ zmq = pytest.importorskip("zmq")
 
 import kvtier  # noqa: E402
 from daemon import Daemon  # noqa: E402
+from kv_replay import decode, replay  # noqa: E402
 
 LAYOUT = kvtier.KvLayout(num_layers=2, num_kv_heads=2, head_dim=64, dtype="fp32",
                          block_tokens=16)
@@ -27,7 +28,6 @@ EVENTS_YAML = ("serve:\n"
                "  events_topic: 'kv@{host}:{port}@{model}'\n"
                "  events_topic_host: 10.0.0.7\n"
                "  events_topic_port: '8000'\n")
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 def start(d: Daemon) -> tuple[str, str]:
@@ -42,29 +42,6 @@ def start(d: Daemon) -> tuple[str, str]:
             return pub[-1], rep[-1]
         time.sleep(0.05)
     raise AssertionError(f"no events endpoint in the log:\n{d.log()}")
-
-
-def decode(payload: bytes) -> kv_events.KVEventBatch:
-    return msgspec.msgpack.decode(payload, type=kv_events.KVEventBatch)
-
-
-def replay(endpoint: str, start_seq: int = 0) -> list[tuple[str, int, kv_events.KVEventBatch]]:
-    """vLLM's replay protocol: [identity, "", start_seq] in, [topic, seq, payload] per batch out,
-    then the END_SEQ marker."""
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVTIMEO, 3000)
-    s.connect(endpoint)
-    s.send_multipart([b"", start_seq.to_bytes(8, "big")])
-    out = []
-    while True:
-        _, topic, seq, payload = s.recv_multipart()
-        if seq == END_SEQ:
-            break
-        out.append((topic.decode(), int.from_bytes(seq, "big"), decode(payload)))
-    s.close()
-    return out
 
 
 def client(d: Daemon):
@@ -153,5 +130,80 @@ def test_vllm_classes_decode_the_live_stream_replay_and_restart(tmp_path):
         keys = [b for t, _, b in again if t == keys_topic]
         assert isinstance(keys[0].events[0], kv_events.AllBlocksCleared)
         assert stored(again, "STORAGE") >= ssd
+    finally:
+        d.kill()
+
+
+def engine_hashes(tokens: list[int], blocks: int, tag: bytes) -> list:
+    """Two engine blocks of 8 tokens per kvtier block of 16, 32-byte hashes as vLLM's."""
+    out, parent = [], b""
+    for b in range(blocks):
+        hs = [tag * 24 + (2 * b + j + 1).to_bytes(8, "big") for j in range(2)]
+        out.append(kvtier.EngineBlockHashes(hs, parent_hash=parent,
+                                            token_ids=tokens[16 * b:16 * (b + 1)]))
+        parent = hs[-1]
+    return out
+
+
+def engine_stored(batches, topic: str) -> list:
+    return [e for t, _, b in batches if t == topic for e in b.events
+            if isinstance(e, kv_events.BlockStored)]
+
+
+def check_engine_events(events, hashes, medium: str) -> None:
+    """The stores name each block by vLLM's own int form of the engine's hashes."""
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+    want = {maybe_convert_block_hash(h) for e in hashes for h in e.hashes}
+    got = {h for e in events if e.medium == medium for h in e.block_hashes}
+    assert got == want
+    for e in events:
+        assert e.block_size == 8 and len(e.token_ids) == 16
+        assert all(isinstance(h, int) for h in e.block_hashes)
+    parents = {e.parent_block_hash for e in events if e.medium == medium}
+    assert parents == {None} | {maybe_convert_block_hash(h.hashes[-1]) for h in hashes[:-1]}
+
+
+def test_in_process_cache_announces_the_engines_hashes(tmp_path):
+    events = kvtier.EventsOptions()
+    events.endpoint = "tcp://127.0.0.1:*"
+    events.replay_endpoint = "tcp://127.0.0.1:*"
+    cache = kvtier.open_cache(LAYOUT, [kvtier.host_tier("1MiB")], events=events)
+    assert cache.wants_engine_hashes
+    tokens = list(range(100, 100 + 4 * 16))
+    hashes = engine_hashes(tokens, 4, b"\x07")
+    data = np.ones((4, LAYOUT.bytes_per_block), np.uint8)
+    with pytest.raises(kvtier.InvalidArgument):
+        cache.store(tokens, data, engine_hashes=hashes[:3])
+    assert cache.store(tokens, data, engine_hashes=hashes).stored_blocks == 4
+    info = cache.events_info()
+    assert info["engine_hash_blocks"] == 4
+    deadline = time.monotonic() + 5
+    while True:
+        got = engine_stored(replay(info["replay_endpoint"]), info["topic"])
+        if len(got) >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    check_engine_events(got, hashes, "CPU")
+
+
+def test_daemon_announces_the_engines_hashes_a_client_stores(tmp_path):
+    d = Daemon(tmp_path, LAYOUT_YAML)
+    with open(d.config, "a") as f:
+        f.write(EVENTS_YAML)
+    _, rep = start(d)
+    try:
+        c = client(d)
+        assert c.wants_engine_hashes
+        tokens = list(range(300, 300 + 3 * 16))
+        hashes = engine_hashes(tokens, 3, b"\x09")
+        data = np.ones((3, LAYOUT.bytes_per_block), np.uint8)
+        assert c.store(tokens, data, engine_hashes=hashes).stored_blocks == 3
+        deadline = time.monotonic() + 5
+        while True:
+            got = engine_stored(replay(rep), "kv@10.0.0.7:8000@default")
+            if len(got) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        check_engine_events(got, hashes, "CPU")
     finally:
         d.kill()

@@ -108,6 +108,26 @@ def test_blocks_are_in_kvtiers_byte_order_whatever_the_pool_layout():
     assert torch.equal(page_of(dst, 1), page_of(src, 7))
 
 
+def test_page_keys_name_the_pages_in_kvtiers_events():
+    from kvtier.integrations.sglang import _key_bytes
+
+    pool = make_pool()
+    keys = ["a1" * 32, "b2" * 32]  # SGLang's keys are sha256 hex digests
+    b = backend(pool, events_addr="tcp://127.0.0.1:*", events_int_hashes=False)
+    assert b._cache.wants_engine_hashes
+    assert b.batch_set_v1(keys, host_indices([0, 3]),
+                          SimpleNamespace(prefix_keys=["c3" * 32])) == [True, True]
+    assert b._cache.events_info()["engine_hash_blocks"] == 2
+    assert _key_bytes(keys[0]) == bytes.fromhex(keys[0])
+    assert _key_bytes("not hex") == b"not hex"
+    assert len(_key_bytes("x" * 100)) == 32
+    # Without a publisher nothing is kept.
+    backends.close_all()
+    plain = backend(make_pool())
+    assert not plain._cache.wants_engine_hashes
+    assert plain.batch_set_v1(keys, host_indices([0, 3])) == [True, True]
+
+
 def test_batch_exists_counts_the_leading_keys_present():
     b = backend(make_pool())
     assert b.batch_exists([]) == 0

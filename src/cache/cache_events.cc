@@ -3,9 +3,8 @@
 #include "tiers/disk/disk_tier.h"
 
 namespace kvtier {
-namespace {
 
-std::string DefaultMedium(TierKind kind) {
+std::string_view DefaultMedium(TierKind kind) {
   switch (kind) {
     case TierKind::kEmulatedDevice:
       return "GPU";
@@ -19,8 +18,6 @@ std::string DefaultMedium(TierKind kind) {
   return "";
 }
 
-}  // namespace
-
 Status Cache::Impl::OpenEvents() {
   if (!options_.events.enabled()) return Status::Ok();
   events::PublisherSetup setup;
@@ -29,8 +26,9 @@ Status Cache::Impl::OpenEvents() {
   setup.model = options_.model_id;
   for (size_t i = 0; i < tiers_.size(); ++i) {
     const std::vector<std::string>& media = options_.events.media;
-    setup.media.push_back(
-        i < media.size() && !media[i].empty() ? media[i] : DefaultMedium(tiers_[i]->tier->kind()));
+    setup.media.push_back(i < media.size() && !media[i].empty()
+                              ? media[i]
+                              : std::string(DefaultMedium(tiers_[i]->tier->kind())));
   }
   KVTIER_ASSIGN_OR_RETURN(publisher_, events::KvEventPublisher::Start(std::move(setup)));
   // The disk tier rebuilt its index from its files, but this Cache finds those blocks only when
@@ -58,7 +56,8 @@ void Cache::Impl::EmitCleared() {
   auto resident = std::make_shared<std::vector<KvEventBlock>>();
   for (const auto& [key, mask] : all)
     for (int t = 0; t < static_cast<int>(tiers_.size()); ++t)
-      if (mask & (TierMask{1} << t)) resident->push_back(KvEventBlock{key, t});
+      if (mask & (TierMask{1} << t))
+        resident->push_back(KvEventBlock{key, t, engine_hashes_.Get(key)});
   e.resident = std::move(resident);
   Deliver(e);
 }
@@ -75,6 +74,8 @@ KvEventsInfo Cache::events_info() const {
   info.events = s.events;
   info.batches = s.batches;
   info.dropped = s.dropped;
+  info.engine_hash_blocks = impl_->engine_hashes_.size();
+  info.engine_hashes_dropped = impl_->engine_hashes_.dropped();
   return info;
 }
 

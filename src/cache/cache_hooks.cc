@@ -78,8 +78,10 @@ void Cache::Impl::UnreserveHost(std::span<const uint32_t> slots) {
 
 StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                                     std::span<const uint64_t> checksums, uint32_t first_block,
-                                    uint64_t session_id) {
+                                    uint64_t session_id, std::span<EngineBlockHashes> engine) {
   const uint64_t t0 = MonotonicNs();
+  // The server pairs them up (one per key or none); a mismatch keeps no hashes.
+  (void)KeepEngineHashes(keys, engine);
   TierState& st = *tiers_[0];
   auto* host = static_cast<HostTier*>(st.tier.get());
   StoreResult r;
@@ -283,8 +285,9 @@ void CacheHooks::Unreserve(Cache& cache, std::span<const uint32_t> slots) {
 
 StoreResult CacheHooks::Commit(Cache& cache, std::span<const BlockKey> keys,
                                std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
-                               uint32_t first_block, uint64_t session_id) {
-  return cache.impl_->CommitHost(keys, slots, checksums, first_block, session_id);
+                               uint32_t first_block, uint64_t session_id,
+                               std::span<EngineBlockHashes> engine) {
+  return cache.impl_->CommitHost(keys, slots, checksums, first_block, session_id, engine);
 }
 
 Result<LookupResult> CacheHooks::LookupKeys(Cache& cache, std::span<const BlockKey> keys,

@@ -41,10 +41,12 @@ class CacheHooks {
   // full, the write-through is dropped and counted (CacheStats::write_through_dropped_blocks).
   // A cache without a write queue (write_queue_blocks 0) writes the lower tiers first, here; the
   // daemon's config refuses that. A key already resident in tier 0 keeps its copy
-  // (present_blocks); its slot is freed.
+  // (present_blocks); its slot is freed. engine: the engine's hashes of keys[i] for its
+  // events (RequestOptions::engine_hashes), one per key or none; moved from.
   static StoreResult Commit(Cache& cache, std::span<const BlockKey> keys,
                             std::span<const uint32_t> slots, std::span<const uint64_t> checksums,
-                            uint32_t first_block, uint64_t session_id = 0);
+                            uint32_t first_block, uint64_t session_id = 0,
+                            std::span<EngineBlockHashes> engine = {});
 
   // Cache::Load, with the promotion of blocks from lower tiers into tier 0 done before it
   // returns (the client reads them from the arena), not in the background.

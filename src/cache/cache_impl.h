@@ -18,12 +18,14 @@
 #include <deque>
 #include <set>
 #include <thread>
+#include <type_traits>
 
 #include "cache/cache_hooks.h"
 #include "common/clock.h"
 #include "common/flat_map.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
+#include "events/engine_hashes.h"
 #include "events/kv_event_publisher.h"
 #include "index/block_index.h"
 #include "tiers/disk/io_engine.h"
@@ -121,7 +123,8 @@ struct WriteJob {
 
 class Cache::Impl {
  public:
-  explicit Impl(CacheOptions options) : options_(std::move(options)) {
+  explicit Impl(CacheOptions options)
+      : options_(std::move(options)), engine_hashes_(options_.events.engine_hash_blocks) {
     Namespace ns{options_.model_id, options_.model_revision, options_.layout.fingerprint(),
                  options_.tenant, options_.lora_id};
     default_root_ = ns.Root();
@@ -212,8 +215,38 @@ class Cache::Impl {
     e.type = type;
     e.key = key;
     e.tier = tier;
+    e.engine = engine_hashes_.Get(key);
     Deliver(e);
+    // Gone from every tier: its engine hashes go too (a Store racing with this may then be
+    // announced with kvtier's key; it is never announced with another block's hashes).
+    if (type == KvEvent::Type::kRemoved && e.engine) {
+      IndexEntry entry;
+      if (!index_.Get(key, &entry) || entry.tiers == 0) engine_hashes_.Erase(key);
+    }
   }
+  // Keeps hashes[i] for keys[i] for the blocks' events; call before they are recorded.
+  // InvalidArgument when there are hashes but not one per key. H is const EngineBlockHashes
+  // (copied) or EngineBlockHashes (moved from: the daemon's decoded reserve).
+  template <typename H>
+  Status KeepEngineHashes(std::span<const BlockKey> keys, std::span<H> hashes) {
+    if (hashes.empty()) return Status::Ok();
+    if (hashes.size() != keys.size())
+      return Status::InvalidArgument("store: " + std::to_string(hashes.size()) +
+                                     " engine hash entries for " + std::to_string(keys.size()) +
+                                     " blocks");
+    if (!Listened()) return Status::Ok();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (hashes[i].hashes.empty()) continue;
+      if constexpr (std::is_const_v<H>) {
+        engine_hashes_.Put(keys[i], std::make_shared<const EngineBlockHashes>(hashes[i]));
+      } else {
+        engine_hashes_.Put(keys[i],
+                           std::make_shared<const EngineBlockHashes>(std::move(hashes[i])));
+      }
+    }
+    return Status::Ok();
+  }
+  bool WantsEngineHashes() const { return Listened(); }
   bool Listened() const { return options_.on_event || publisher_; }
   void Deliver(const KvEvent& e) {
     if (publisher_) publisher_->Add(e);
@@ -266,7 +299,7 @@ class Cache::Impl {
   void UnreserveHost(std::span<const uint32_t> slots);
   StoreResult CommitHost(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
                          std::span<const uint64_t> checksums, uint32_t first_block,
-                         uint64_t session_id);
+                         uint64_t session_id, std::span<EngineBlockHashes> engine);
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 
@@ -296,6 +329,7 @@ class Cache::Impl {
   bool verify_any_ = false;
   // Outlives the writer (joined in ~Impl before members go), whose writes it announces.
   std::unique_ptr<events::KvEventPublisher> publisher_;
+  events::EngineHashTable engine_hashes_;
 
  private:
   struct PendingEvent {

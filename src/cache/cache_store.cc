@@ -392,6 +392,7 @@ Result<StoreResult> Cache::Impl::StoreKeys(std::span<const BlockKey> keys,
                                            const RequestOptions& request) {
   const uint64_t t0 = MonotonicNs();
   KVTIER_RETURN_IF_ERROR(CheckStore(keys, blocks));
+  KVTIER_RETURN_IF_ERROR(KeepEngineHashes(keys, request.engine_hashes));
   StoreResult r;
   if (keys.empty()) return r;
   const size_t n = keys.size();

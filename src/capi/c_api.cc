@@ -15,6 +15,7 @@
 #include "kvtier/config.h"
 #include "kvtier/kv_cache.h"
 #include "obs/stats_schema.h"
+#include "serve/serve_options.h"
 
 struct kvtier_cache {
   std::unique_ptr<kvtier::KvCache> impl;
@@ -139,7 +140,8 @@ kvtier_code kvtier_cache_open_yaml(const char* yaml_text, const char* source, kv
     *out = nullptr;
     if (yaml_text == nullptr)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_yaml: yaml_text is NULL");
-    return OpenFrom(kvtier::ParseCacheOptionsYaml(yaml_text, source ? source : "<config>"), out);
+    return OpenFrom(kvtier::serve::CacheOptionsWithEvents(yaml_text, source ? source : "<config>"),
+                    out);
   });
 }
 
@@ -149,7 +151,7 @@ kvtier_code kvtier_cache_open_file(const char* path, kvtier_cache** out) {
     *out = nullptr;
     if (path == nullptr)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_cache_open_file: path is NULL");
-    return OpenFrom(kvtier::LoadCacheOptionsFile(path), out);
+    return OpenFrom(kvtier::serve::CacheOptionsWithEventsFile(path), out);
   });
 }
 
@@ -249,6 +251,15 @@ kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup, void* 
 kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
                          const void* const* blocks, size_t num_blocks, uint32_t first_block,
                          const kvtier_request* request, kvtier_store_result* result) {
+  return kvtier_store_with_hashes(cache, tokens, num_tokens, blocks, num_blocks, first_block,
+                                  request, nullptr, result);
+}
+
+kvtier_code kvtier_store_with_hashes(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                                     const void* const* blocks, size_t num_blocks,
+                                     uint32_t first_block, const kvtier_request* request,
+                                     const kvtier_engine_hashes* engine,
+                                     kvtier_store_result* result) {
   return Guard("kvtier_store", [&] {
     if (result != nullptr) *result = kvtier_store_result{};
     if (cache == nullptr || (tokens == nullptr && num_tokens > 0) ||
@@ -262,8 +273,31 @@ kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num
                     "kvtier_store: blocks[" + std::to_string(i) + "] is NULL");
       spans[i] = {static_cast<const std::byte*>(blocks[i]), bytes};
     }
-    auto r = cache->impl->Store(std::span<const uint32_t>(tokens, num_tokens), spans, first_block,
-                                ToRequest(request));
+    std::vector<kvtier::EngineBlockHashes> hashes;
+    if (engine != nullptr) {
+      hashes.resize(num_blocks);
+      for (size_t i = 0; i < num_blocks; ++i) {
+        const kvtier_engine_hashes& e = engine[i];
+        const std::string at = "kvtier_store: engine[" + std::to_string(i) + "]";
+        if (e.num_hashes == 0) continue;
+        if (e.hash_bytes == 0 || e.hash_bytes > 64)
+          return Fail(KVTIER_INVALID_ARGUMENT,
+                      at + ".hash_bytes " + std::to_string(e.hash_bytes) + " is not 1..64");
+        if (e.hashes == nullptr || (e.token_ids == nullptr && e.num_tokens > 0))
+          return Fail(KVTIER_INVALID_ARGUMENT, at + ": hashes or token_ids is NULL");
+        const char* h = reinterpret_cast<const char*>(e.hashes);
+        for (size_t j = 0; j < e.num_hashes; ++j)
+          hashes[i].hashes.emplace_back(h + j * e.hash_bytes, e.hash_bytes);
+        if (e.parent != nullptr)
+          hashes[i].parent_hash.assign(reinterpret_cast<const char*>(e.parent), e.hash_bytes);
+        hashes[i].token_ids.assign(e.token_ids, e.token_ids + e.num_tokens);
+        if (e.lora_name != nullptr) hashes[i].lora_name = e.lora_name;
+      }
+    }
+    kvtier::RequestOptions rq = ToRequest(request);
+    rq.engine_hashes = hashes;
+    auto r =
+        cache->impl->Store(std::span<const uint32_t>(tokens, num_tokens), spans, first_block, rq);
     if (!r.ok()) return Report(r.status());
     if (result != nullptr) {
       result->stored_blocks = r->stored_blocks;
@@ -272,6 +306,10 @@ kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num
     }
     return KVTIER_OK;
   });
+}
+
+int kvtier_cache_wants_engine_hashes(const kvtier_cache* cache) {
+  return cache != nullptr && cache->impl->WantsEngineHashes() ? 1 : 0;
 }
 
 kvtier_code kvtier_session_notify(kvtier_cache* cache, uint64_t session_id,

@@ -169,6 +169,7 @@ class Client::Impl {
     MutexLock lock(&mu_);
     c.generation = ++generation_;
     lease_ms_ = c.hello.lease_ms;
+    events_ = c.hello.events;
     conn_ = std::move(c);
     connected_ = true;
     ++connects_;
@@ -273,6 +274,7 @@ class Client::Impl {
   uint64_t generation_ KVTIER_GUARDED_BY(mu_) = 0;
   std::atomic<uint32_t> request_id_{0};
   std::atomic<uint32_t> lease_ms_{0};
+  std::atomic<bool> events_{false};  // the daemon publishes KV events (engine hashes wanted)
   uint32_t conn_lease_ms() const { return lease_ms_; }
   std::atomic<bool> connected_{false};
   std::atomic<uint64_t> connects_{0}, disconnects_{0}, timeouts_{0}, missed_lookups_{0},
@@ -518,6 +520,10 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
       return Status::InvalidArgument("Store: block " + std::to_string(i) + " has " +
                                      std::to_string(blocks[i].size()) + " bytes, the layout's " +
                                      "block has " + std::to_string(bb));
+  if (!request.engine_hashes.empty() && request.engine_hashes.size() != keys.size())
+    return Status::InvalidArgument("Store: " + std::to_string(request.engine_hashes.size()) +
+                                   " engine hash entries for " + std::to_string(keys.size()) +
+                                   " blocks");
   StoreResult r;
   if (keys.empty()) return r;
   auto dropped = [&](const Status& why) {
@@ -539,6 +545,8 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
         rq.session_id = request.session_id;
         rq.first_block = first_block;
         rq.keys.assign(keys.begin(), keys.end());
+        if (impl_->events_)
+          rq.engine.assign(request.engine_hashes.begin(), request.engine_hashes.end());
         serve::EncodeReserve(rq, w);
       },
       &reply, &gen, &arena);
@@ -612,6 +620,8 @@ Result<uint32_t> Client::Prefetch(std::span<const TokenId> tokens, const Request
   if (s.code() == StatusCode::kInvalidArgument) return s;
   return s.ok() ? staged : 0u;
 }
+
+bool Client::WantsEngineHashes() const { return impl_->events_; }
 
 void Client::NoteDeclined(std::span<const uint32_t> blocks_by_tier) {
   (void)impl_->Call(

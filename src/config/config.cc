@@ -340,12 +340,17 @@ Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_vi
   }
 }
 
-Result<CacheOptions> LoadCacheOptionsFile(const std::string& path) {
+Result<std::string> ReadConfigFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::InvalidArgument(path + ": cannot open: " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseCacheOptionsYaml(ss.str(), path);
+  return ss.str();
+}
+
+Result<CacheOptions> LoadCacheOptionsFile(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+  return ParseCacheOptionsYaml(text, path);
 }
 
 }  // namespace kvtier

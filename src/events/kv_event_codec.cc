@@ -37,8 +37,15 @@ std::string KeyBytes(const BlockKey& key) {
   return b;
 }
 
-BatchEncoder::BatchEncoder(uint32_t block_size, uint32_t data_parallel_rank)
-    : block_size_(block_size), dp_rank_(data_parallel_rank) {}
+uint64_t EngineHashInt(std::string_view hash) {
+  uint64_t v = 0;
+  const size_t from = hash.size() > 8 ? hash.size() - 8 : 0;
+  for (size_t i = from; i < hash.size(); ++i) v = v << 8 | static_cast<uint8_t>(hash[i]);
+  return v;
+}
+
+BatchEncoder::BatchEncoder(uint32_t block_size, uint32_t data_parallel_rank, bool int_hashes)
+    : block_size_(block_size), dp_rank_(data_parallel_rank), int_hashes_(int_hashes) {}
 
 void BatchEncoder::Cleared() { groups_.push_back(Group{Kind::kCleared, {}, {}, nullptr}); }
 
@@ -74,10 +81,23 @@ std::string BatchEncoder::Finish(double ts) const {
   for (const Group& g : groups_) {
     const EngineBlockHashes* e = g.engine;
     const uint32_t n = e ? static_cast<uint32_t>(e->hashes.size()) : uint32_t(g.keys.size());
+    auto engine_hash = [&](std::string_view h) {
+      if (int_hashes_) {
+        pk.pack_uint64(EngineHashInt(h));
+      } else {
+        Bin(pk, h);
+      }
+    };
     auto hashes = [&] {
       Str(pk, "block_hashes");
       pk.pack_array(n);
-      for (uint32_t i = 0; i < n; ++i) Bin(pk, e ? e->hashes[i] : KeyBytes(g.keys[i]));
+      for (uint32_t i = 0; i < n; ++i) {
+        if (e) {
+          engine_hash(e->hashes[i]);
+        } else {
+          Bin(pk, KeyBytes(g.keys[i]));
+        }
+      }
     };
     switch (g.kind) {
       case Kind::kCleared:
@@ -100,7 +120,7 @@ std::string BatchEncoder::Finish(double ts) const {
         hashes();
         Str(pk, "parent_block_hash");
         if (e && !e->parent_hash.empty()) {
-          Bin(pk, e->parent_hash);
+          engine_hash(e->parent_hash);
         } else {
           pk.pack_nil();  // kvtier keys: the parent is not at hand where the index changes
         }

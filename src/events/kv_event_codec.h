@@ -19,10 +19,15 @@ namespace kvtier::events {
 // kvtier's key as a block hash: 16 bytes, hi then lo, big-endian.
 std::string KeyBytes(const BlockKey& key);
 
+// vLLM's ExternalBlockHash as an int: the low 64 bits of the hash's big-endian bytes
+// (vllm.v1.core.kv_cache_utils.maybe_convert_block_hash).
+uint64_t EngineHashInt(std::string_view hash);
+
 class BatchEncoder {
  public:
-  // block_size: tokens per kvtier block (BlockStored.block_size for kvtier keys).
-  BatchEncoder(uint32_t block_size, uint32_t data_parallel_rank);
+  // block_size: tokens per kvtier block (BlockStored.block_size for kvtier keys). int_hashes:
+  // engine hashes as vLLM's int form (EngineHashInt), else as bytes; kvtier keys are bytes.
+  BatchEncoder(uint32_t block_size, uint32_t data_parallel_rank, bool int_hashes = false);
 
   void Cleared();
   // Consecutive stores (or removals) to one medium become one event with several hashes.
@@ -47,6 +52,7 @@ class BatchEncoder {
   void Add(Kind kind, const BlockKey& key, std::string_view medium);
   uint32_t block_size_;
   uint32_t dp_rank_;
+  bool int_hashes_;
   std::vector<Group> groups_;
 };
 

@@ -218,6 +218,7 @@ void EncodeHelloReply(const HelloReply& m, Writer* w) {
   w->U32(m.lease_ms);
   w->Key(m.root);
   w->Str(m.tenant);
+  w->U8(m.events ? 1 : 0);
 }
 
 Status DecodeHelloReply(Reader* r, HelloReply* m) {
@@ -227,6 +228,9 @@ Status DecodeHelloReply(Reader* r, HelloReply* m) {
   r->U32(&m->lease_ms);
   r->Key(&m->root);
   r->Str(&m->tenant);
+  uint8_t events = 0;
+  r->U8(&events);
+  m->events = events != 0;
   return r->Done("hello reply");
 }
 
@@ -331,6 +335,7 @@ void EncodeReserve(const ReserveReq& m, Writer* w) {
   w->U64(m.session_id);
   w->U32(m.first_block);
   EncodeKeys(m.keys, w);
+  EncodeEngineHashes(m.engine, w);
 }
 
 Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m) {
@@ -339,6 +344,11 @@ Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m) {
   r.U64(&m->session_id);
   r.U32(&m->first_block);
   DecodeKeys(&r, &m->keys);
+  DecodeEngineHashes(&r, &m->engine);
+  if (r.ok() && !m->engine.empty() && m->engine.size() != m->keys.size())
+    return Status::InvalidArgument("reserve: " + std::to_string(m->engine.size()) +
+                                   " engine hash entries for " + std::to_string(m->keys.size()) +
+                                   " keys");
   return r.Done("reserve");
 }
 

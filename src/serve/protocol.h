@@ -29,7 +29,7 @@ namespace kvtier::serve {
 // 2: lookup and load replies carry each block's checksum (the client verifies what it reads);
 //    reserve carries the storing request's session id.
 // 3: declined (the engine's planner recomputed hit blocks rather than load them).
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayload = 32u << 20;
@@ -144,6 +144,7 @@ struct HelloReply {
   uint32_t lease_ms = 0;
   BlockKey root;  // the connection's namespace root (client-side key chains start here)
   std::string tenant;
+  bool events = false;  // the daemon publishes KV events: reserves may carry engine hashes
 };
 
 struct Scope {  // a request's namespace; empty = the connection's
@@ -179,6 +180,7 @@ struct ReserveReq {
   uint64_t session_id = 0;  // the storing request's session (0: none), for the policy
   uint32_t first_block = 0;
   std::vector<BlockKey> keys;
+  std::vector<EngineBlockHashes> engine;  // none, or keys[i]'s engine hashes (events)
 };
 enum class SlotState : uint8_t { kReserved = 0, kPresent = 1, kNoRoom = 2 };
 struct ReserveReply {
@@ -227,6 +229,10 @@ void EncodeLoad(const LoadReq& m, Writer* w);
 Status DecodeLoad(std::span<const std::byte> in, LoadReq* m);
 void EncodeLoadReply(const LoadReply& m, Writer* w);
 Status DecodeLoadReply(Reader* r, LoadReply* m);
+// ReserveReq::engine: a count, then per block its hashes, parent, tokens and LoRA name. Decode
+// bounds each hash (64 bytes) and name (256) and fails on a short payload.
+void EncodeEngineHashes(std::span<const EngineBlockHashes> v, Writer* w);
+bool DecodeEngineHashes(Reader* r, std::vector<EngineBlockHashes>* v);
 void EncodeReserve(const ReserveReq& m, Writer* w);
 Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m);
 void EncodeReserveReply(const ReserveReply& m, Writer* w);

@@ -124,6 +124,17 @@ Status ParseEvents(std::string_view src, const YAML::Node& n, ServeOptions* o) {
   KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_batch_ms", 0, 60000, &e.batch_interval_ms));
   KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_queue_events", 1, 100000000, &e.queue_events));
   KVTIER_RETURN_IF_ERROR(UintIn(src, n, "events_dp_rank", 0, 65535, &e.data_parallel_rank));
+  if (n["events_engine_hash_blocks"]) {
+    KVTIER_ASSIGN_OR_RETURN(e.engine_hash_blocks, Uint(src, n["events_engine_hash_blocks"],
+                                                       "serve.events_engine_hash_blocks"));
+  }
+  if (n["events_int_hashes"]) {
+    const YAML::Node& v = n["events_int_hashes"];
+    KVTIER_ASSIGN_OR_RETURN(std::string word, Str(src, v, "serve.events_int_hashes"));
+    std::optional<bool> b = ParseBoolWord(word);
+    if (!b) return Error(src, v, "serve.events_int_hashes", "want true or false");
+    e.int_hashes = *b;
+  }
   if (n["events_media"]) {
     const YAML::Node& m = n["events_media"];
     if (!m.IsMap()) return Error(src, m, "serve.events_media", "want a map of tier -> medium");
@@ -185,6 +196,8 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
                                     "events_queue_events",
                                     "events_dp_rank",
                                     "events_media",
+                                    "events_int_hashes",
+                                    "events_engine_hash_blocks",
                                     "tenants",
                                     "verify_commit",
                                     "max_clients",
@@ -375,12 +388,31 @@ Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache) {
   return cache->events.Validate().WithContext("serve.events");
 }
 
+Result<CacheOptions> CacheOptionsWithEvents(std::string_view text, std::string_view source) {
+  KVTIER_ASSIGN_OR_RETURN(CacheOptions cache, ParseCacheOptionsYaml(text, source));
+  ServeOptions serve;
+  try {
+    YAML::Node root = YAML::Load(std::string(text));
+    if (root["serve"]) {
+      KVTIER_ASSIGN_OR_RETURN(serve, ParseServe(source, root["serve"]));
+    }
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
+                                   ": " + e.msg);
+  }
+  // Only the events: the daemon's other keys and rules do not concern an in-process cache.
+  if (!serve.events_addr.empty()) KVTIER_RETURN_IF_ERROR(ApplyEventOptions(serve, &cache));
+  return cache;
+}
+
+Result<CacheOptions> CacheOptionsWithEventsFile(const std::string& path) {
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+  return CacheOptionsWithEvents(text, path);
+}
+
 Result<ServeConfig> LoadServeConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::InvalidArgument(path + ": cannot open: " + std::strerror(errno));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseServeConfigYaml(ss.str(), path);
+  KVTIER_ASSIGN_OR_RETURN(std::string text, ReadConfigFile(path));
+  return ParseServeConfigYaml(text, path);
 }
 
 }  // namespace kvtier::serve

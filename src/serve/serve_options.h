@@ -80,6 +80,12 @@ Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache);
 Result<ServeConfig> LoadServeConfigFile(const std::string& path);
 Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source);
 
+// An in-process cache's options from a config (its text, or a file): the cache's keys, with
+// the KV-event publisher of serve.events_* (doc/events.md) when serve.events_addr is set; the
+// daemon's other keys are checked but do not apply, nor do the daemon's rules on tiers.
+Result<CacheOptions> CacheOptionsWithEvents(std::string_view text, std::string_view source);
+Result<CacheOptions> CacheOptionsWithEventsFile(const std::string& path);
+
 }  // namespace kvtier::serve
 
 #endif  // KVTIER_SRC_SERVE_SERVE_OPTIONS_H_

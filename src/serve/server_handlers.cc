@@ -117,6 +117,7 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
     KVTIER_ASSIGN_OR_RETURN(r.root, RootFor(*c, Scope{}));
   }
   r.tenant = c->tenant;
+  r.events = cache_->WantsEngineHashes();
   EncodeHelloReply(r, w);
   *pass_fd = c->data_plane;
   spdlog::info("{}: hello: model '{}' rev '{}', tenant '{}', lora '{}'{}", c->Name(), h.model_id,
@@ -262,11 +263,13 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
   res.session_id = m.session_id;
   if (!need.empty()) {
     const size_t got = CacheHooks::Reserve(*cache_, c->partition, need.size(), &res.slots);
+    if (!m.engine.empty()) res.engine.reserve(got);
     // The chain's head first: a later block is useless without the ones before it.
     for (size_t j = 0; j < got; ++j) {
       r.state[need[j]] = static_cast<uint8_t>(SlotState::kReserved);
       r.offsets[need[j]] = host_->SlotOffset(res.slots[j]);
       res.keys.push_back(m.keys[need[j]]);
+      if (!m.engine.empty()) res.engine.push_back(std::move(m.engine[need[j]]));
     }
   }
   if (!res.slots.empty()) {
@@ -304,6 +307,8 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
   std::vector<BlockKey> keys;
   std::vector<uint32_t> slots, dropped;
   std::vector<uint64_t> sums;
+  std::vector<EngineBlockHashes> engine;
+  if (!res.engine.empty()) engine.reserve(res.engine.size());
   const uint64_t bb = cache_->layout().bytes_per_block();
   const bool verify = verify_commit_;
   for (size_t j = 0; j < res.slots.size(); ++j) {
@@ -325,10 +330,12 @@ Status Server::Impl::OnCommit(Conn* c, std::span<const std::byte> in, Writer* w)
     keys.push_back(res.keys[j]);
     slots.push_back(res.slots[j]);
     sums.push_back(m.checksums[j]);
+    if (!res.engine.empty()) engine.push_back(std::move(res.engine[j]));
   }
   if (!dropped.empty()) CacheHooks::Unreserve(*cache_, dropped);
   if (!keys.empty()) {
-    StoreResult s = CacheHooks::Commit(*cache_, keys, slots, sums, res.first_block, res.session_id);
+    StoreResult s =
+        CacheHooks::Commit(*cache_, keys, slots, sums, res.first_block, res.session_id, engine);
     r.stored = s.stored_blocks;
     r.present = s.present_blocks;
   }

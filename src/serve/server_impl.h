@@ -47,6 +47,7 @@ struct Reservation {
   uint32_t first_block = 0;
   uint64_t session_id = 0;
   uint64_t expires_ns = 0;
+  std::vector<EngineBlockHashes> engine;  // none, or per reserved slot (KV events)
 };
 
 struct Peer {

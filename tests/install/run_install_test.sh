@@ -31,6 +31,7 @@ cat >"$work/serve.yaml" <<YAML
 model_id: c-consumer
 layout: {num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16, block_tokens: 16}
 tiers: [{kind: host, capacity: 1MiB}]
+serve: {events_addr: "tcp://127.0.0.1:*"}
 YAML
 "$work/prefix/bin/kvtier" serve --config "$work/serve.yaml" --socket "$work/kv.sock" \
   >"$work/serve.log" 2>&1 &

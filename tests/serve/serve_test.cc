@@ -517,13 +517,6 @@ bool ReceiveEvents(zmq::socket_t& sub, uint64_t* seq,
 }
 
 // What the log says after `prefix` up to the end of that token.
-std::string LogValue(const std::string& log, const std::string& prefix, const char* end) {
-  const auto at = log.find(prefix);
-  if (at == std::string::npos) return "";
-  const auto from = at + prefix.size();
-  return log.substr(from, log.find_first_of(end, from) - from);
-}
-
 TEST_F(ServeTest, MetricsScrapedWithCurlAndEveryEventInOrder) {
   Daemon d(dir_.path(),
            Config(8, "", "  metrics_addr: 127.0.0.1:0\n  events_addr: tcp://127.0.0.1:*\n"));

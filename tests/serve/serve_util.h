@@ -71,6 +71,14 @@ inline BlockKey DaemonKey(const BlockKey& k, const std::string& declared) {
   return serve::InternalKey(k, ns.Root(), serve::TenantTag(tenant));
 }
 
+// What follows `prefix` in a daemon's log, up to the first of `end`; "" when absent.
+inline std::string LogValue(const std::string& log, const std::string& prefix, const char* end) {
+  const auto at = log.find(prefix);
+  if (at == std::string::npos) return "";
+  const auto from = at + prefix.size();
+  return log.substr(from, log.find_first_of(end, from) - from);
+}
+
 inline uint64_t Seed(const BlockKey& k) { return k.hi ^ (k.lo * 31); }
 
 // Stores blocks [from, n) of the prefix `base`, each filled from its key.

@@ -41,9 +41,27 @@ bool DecodeBatch(const std::string& payload, WireBatch* out) {
         if (key == "type") w.type = AsString(v);
         if (key == "medium") w.medium = AsString(v);
         if (key == "block_size") w.block_size = v.as<uint64_t>();
-        if (key == "block_hashes")
+        if (key == "block_hashes") {
+          for (uint32_t k = 0; k < v.via.array.size; ++k) {
+            const msgpack::object& h = v.via.array.ptr[k];
+            if (h.type == msgpack::type::POSITIVE_INTEGER) {
+              w.int_hashes.push_back(h.as<uint64_t>());
+            } else {
+              w.hashes.push_back(AsString(h));
+            }
+          }
+        }
+        if (key == "parent_block_hash") {
+          w.parent_is_int = v.type == msgpack::type::POSITIVE_INTEGER;
+          if (w.parent_is_int) {
+            w.parent_int = v.as<uint64_t>();
+          } else {
+            w.parent = AsString(v);
+          }
+        }
+        if (key == "token_ids")
           for (uint32_t k = 0; k < v.via.array.size; ++k)
-            w.hashes.push_back(AsString(v.via.array.ptr[k]));
+            w.token_ids.push_back(v.via.array.ptr[k].as<uint64_t>());
       }
       out->events.push_back(std::move(w));
     }

@@ -11,8 +11,13 @@
 namespace kvtier::testing {
 
 struct WireEvent {
-  std::string type;  // "BlockStored", "BlockRemoved", "AllBlocksCleared"
-  std::vector<std::string> hashes;
+  std::string type;                  // "BlockStored", "BlockRemoved", "AllBlocksCleared"
+  std::vector<std::string> hashes;   // block_hashes sent as bytes
+  std::vector<uint64_t> int_hashes;  // block_hashes sent as ints (vLLM's int form)
+  bool parent_is_int = false;        // parent_block_hash: an int (in parent_int) or bytes
+  std::string parent;                // bytes; empty when nil or an int
+  uint64_t parent_int = 0;
+  std::vector<uint64_t> token_ids;
   std::string medium;
   uint64_t block_size = 0;
   size_t fields = 0;  // map entries

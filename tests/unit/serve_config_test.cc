@@ -142,5 +142,34 @@ TEST(ServeConfigTest, BadEventKeysAreRefused) {
   EXPECT_FALSE(ParseServeConfigYaml(std::string(kBase) + "  events_addr: http://x\n", "t").ok());
 }
 
+// An in-process cache (the C API's and Python's YAML) publishes with serve.events_*; the daemon's
+// own rules (first tier host, a write queue) do not apply to it.
+TEST(ServeConfigTest, InProcessCachesTakeTheEventKeysAndNotTheDaemonsRules) {
+  const std::string disk_only =
+      "model_id: test\n"
+      "layout: {num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp32, block_tokens: 16}\n"
+      "write_queue_blocks: 0\n"
+      "tiers:\n"
+      "  - {kind: disk, capacity: 4MiB, params: {path: /tmp/kvtier-in-process-events}}\n";
+  EXPECT_FALSE(ParseServeConfigYaml(disk_only, "t").ok());  // the daemon refuses it
+  auto plain = CacheOptionsWithEvents(disk_only, "t");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_FALSE(plain->events.enabled());
+  auto with = CacheOptionsWithEvents(disk_only +
+                                         "serve:\n  events_addr: tcp://127.0.0.1:*\n"
+                                         "  events_int_hashes: false\n"
+                                         "  events_media: {disk: SSD}\n",
+                                     "t");
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  EXPECT_EQ(with->events.endpoint, "tcp://127.0.0.1:*");
+  EXPECT_FALSE(with->events.int_hashes);
+  EXPECT_EQ(with->events.media, std::vector<std::string>{"SSD"});
+  const Status bad =
+      CacheOptionsWithEvents(disk_only + "serve:\n  events_int_hashes: maybe\n", "t").status();
+  EXPECT_NE(bad.message().find("t:7: serve.events_int_hashes"), std::string::npos) << bad.message();
+  EXPECT_EQ(CacheOptionsWithEventsFile("/nonexistent/kvtier.yaml").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvtier::serve

@@ -40,6 +40,63 @@ TEST(ServeProtocolTest, HelloWithAShapeKeepsItsLayout) {
   EXPECT_EQ(h.layout.block_tokens, 0u);  // refused later by the daemon as a mismatch, not here
 }
 
+ReserveReq ReserveWithEngineHashes() {
+  ReserveReq m;
+  m.first_block = 3;
+  m.keys = {BlockKey{1, 2}, BlockKey{3, 4}};
+  for (int i = 0; i < 2; ++i) {
+    EngineBlockHashes e;
+    e.hashes = {std::string(32, char('a' + i)), std::string(32, char('c' + i))};
+    e.parent_hash = i ? m.engine.back().hashes.back() : "";
+    e.token_ids = {7u + i, 8u, 9u};
+    e.lora_name = i ? "adapter" : "";
+    m.engine.push_back(e);
+  }
+  return m;
+}
+
+// Protocol 4: a reserve carries the engine's hashes of each block, for the daemon's KV events.
+TEST(ServeProtocolTest, ReserveCarriesEngineHashesPerKey) {
+  const ReserveReq m = ReserveWithEngineHashes();
+  Writer w;
+  EncodeReserve(m, &w);
+  ReserveReq got;
+  ASSERT_TRUE(DecodeReserve(w.buffer(), &got).ok());
+  ASSERT_EQ(got.engine.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got.engine[i].hashes, m.engine[i].hashes);
+    EXPECT_EQ(got.engine[i].parent_hash, m.engine[i].parent_hash);
+    EXPECT_EQ(got.engine[i].token_ids, m.engine[i].token_ids);
+    EXPECT_EQ(got.engine[i].lora_name, m.engine[i].lora_name);
+  }
+  EXPECT_EQ(got.keys, m.keys);
+}
+
+TEST(ServeProtocolTest, ReserveWithEngineHashesNotOnePerKeyOrTooLongIsRefused) {
+  ReserveReq m = ReserveWithEngineHashes();
+  m.engine.pop_back();
+  Writer w;
+  EncodeReserve(m, &w);
+  ReserveReq got;
+  const Status s = DecodeReserve(w.buffer(), &got);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("1 engine hash entries for 2 keys"), std::string::npos) << s.message();
+  m = ReserveWithEngineHashes();
+  m.engine[1].hashes[0] = std::string(65, 'x');  // longer than any engine's hash
+  Writer w2;
+  EncodeReserve(m, &w2);
+  EXPECT_EQ(DecodeReserve(w2.buffer(), &got).code(), StatusCode::kInvalidArgument);
+  // Cut anywhere, the payload is one clear error, never a partial read.
+  m = ReserveWithEngineHashes();
+  Writer w3;
+  EncodeReserve(m, &w3);
+  for (size_t cut = 1; cut < 40; ++cut) {
+    std::vector<std::byte> b = w3.buffer();
+    b.resize(b.size() - cut);
+    EXPECT_EQ(DecodeReserve(b, &got).code(), StatusCode::kInvalidArgument) << cut;
+  }
+}
+
 // The stats reply carries fields by name: a reader skips names it does not know (a newer
 // daemon's field) and keeps the rest, instead of misreading every field after a new one.
 TEST(ServeProtocolTest, StatsReplySkipsFieldsItDoesNotKnow) {

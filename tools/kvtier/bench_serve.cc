@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -84,6 +85,32 @@ struct ChildDaemon {
     if (clock_getcpuclockid(pid, &id) != 0 || clock_gettime(id, &ts) != 0) return -1;
     return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
   }
+  // CPU seconds of the daemon's threads named `name` (/proc/PID/task/*/comm and stat; clock
+  // ticks, 10 ms).
+  double ThreadCpuSeconds(const std::string& name) const {
+    double total = 0;
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
+      std::ifstream comm(t.path() / "comm");
+      std::string c;
+      std::getline(comm, c);
+      if (c != name) continue;
+      std::ifstream stat(t.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      // Fields 14 and 15 (utime, stime) come after the ")" that ends the name.
+      std::istringstream rest(line.substr(line.rfind(')') + 2));
+      std::string f;
+      unsigned long long ut = 0, st = 0;
+      for (int i = 3; i <= 15 && rest >> f; ++i) {
+        if (i == 14) ut = std::stoull(f);
+        if (i == 15) st = std::stoull(f);
+      }
+      total += double(ut + st) / double(sysconf(_SC_CLK_TCK));
+    }
+    return total;
+  }
   // VmRSS minus shared-memory RSS (the arena): what the daemon holds outside the arena.
   uint64_t RssOutsideArena() const {
     std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -137,6 +164,7 @@ struct Opts {
   std::string phases = "data,writethrough,lookup,memory";
   std::string disk_dir;  // writethrough: where the SSD tier goes (default $TMPDIR)
   bool verify_commit = false;
+  bool engine_hashes = true;  // events: stores carry engine hashes (as the vLLM connector's)
 };
 
 int DataPlane(const Opts& o, nlohmann::json* out) {
@@ -264,18 +292,45 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
   std::vector<BlockKey> keys(n);
   std::vector<ConstBlock> in(n);
   for (size_t i = 0; i < n; ++i) in[i] = ConstBlock(src.data() + i * bb, bb);
+  // Each block carries an engine's hashes as the vLLM connector sends them (vLLM blocks of 16
+  // tokens, 32-byte hashes, the parent, the tokens), so the publishing daemon keeps and
+  // announces them; a daemon without events is not sent them.
+  std::vector<EngineBlockHashes> engine(n);
+  const uint32_t per = std::max<uint32_t>(1, l.block_tokens / 16);
+  for (size_t i = 0; i < n; ++i) {
+    for (uint32_t j = 0; j < per; ++j)
+      engine[i].hashes.push_back(std::string(24, 'h') +
+                                 std::string(reinterpret_cast<const char*>(&i), 8));
+    engine[i].token_ids.assign(l.block_tokens, uint32_t(i));
+    if (i > 0) engine[i].parent_hash = engine[i - 1].hashes.back();
+  }
+  RequestOptions rq;
+  if (o.engine_hashes) rq.engine_hashes = engine;
   std::vector<double> g_off, g_on, ratio;
+  double client_off = 0, client_on = 0;  // the storing thread's CPU seconds
   bool ok = true;
   // The daemons' CPU over every repetition (the publisher's thread included, after it drained).
-  const double cpu_off0 = off.CpuSeconds(), cpu_on0 = on.CpuSeconds();
+  // Only while storing: the flush before each store (and its removal events) is not counted.
+  double daemon_off = 0, daemon_on = 0, pub_on_s = 0;
   for (int r = 0; r < o.reps; ++r) {
     for (size_t i = 0; i < n; ++i) keys[i] = BlockKey{uint64_t(r) + 1, i + 1};
     auto store = [&](Client& c) {
       (void)c.Flush();
+      const bool is_on = &c == c_on->get();
+      ChildDaemon& d = is_on ? on : off;
+      timespec c0{}, c1{};
+      const double d0 = d.CpuSeconds(), p0 = is_on ? on.ThreadCpuSeconds("kvtier-events") : 0;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
       const auto t0 = Clock::now();
-      auto s = c.StoreKeys(keys, in, 0);
+      auto s = c.StoreKeys(keys, in, 0, rq);
+      const double gbps = n * bb / Seconds(t0) / 1e9;
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+      (is_on ? client_on : client_off) +=
+          double(c1.tv_sec - c0.tv_sec) + double(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+      (is_on ? daemon_on : daemon_off) += d.CpuSeconds() - d0;
+      if (is_on) pub_on_s += on.ThreadCpuSeconds("kvtier-events") - p0;
       ok &= s.ok() && s->stored_blocks == n;
-      return n * bb / Seconds(t0) / 1e9;
+      return gbps;
     };
     // Alternate which goes first: neither always finds the caches warm.
     const bool off_first = r % 2 == 0;
@@ -288,8 +343,15 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const double gib = double(n * bb) * o.reps / double(1ull << 30);
-  const double cpu_off = (off.CpuSeconds() - cpu_off0) / gib;
-  const double cpu_on = (on.CpuSeconds() - cpu_on0) / gib;
+  const double cpu_off = daemon_off / gib;
+  const double cpu_on = daemon_on / gib;
+  // The publisher's own thread: off the store path (a store only queues its events).
+  const double pub_on = pub_on_s / gib;
+  const double path_on = cpu_on - pub_on;
+  // CPU on the store path per GiB (the client's copy and the daemon's work, the publisher's
+  // thread aside), with events over without: what publishing adds to a store.
+  const double path_ratio =
+      (client_on / gib + path_on) / std::max(1e-12, client_off / gib + cpu_off);
   stop = true;
   drain.join();
   if (!ok || messages.load() == 0) {
@@ -303,13 +365,21 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
                       {"reps", o.reps},
                       {"messages", messages.load()},
                       {"daemon_cpu_s_per_gib_off", cpu_off},
-                      {"daemon_cpu_s_per_gib_on", cpu_on}};
+                      {"daemon_cpu_s_per_gib_on", cpu_on},
+                      {"publisher_cpu_s_per_gib", pub_on},
+                      {"store_path_cpu_s_per_gib_on", path_on},
+                      {"client_cpu_s_per_gib_off", client_off / gib},
+                      {"client_cpu_s_per_gib_on", client_on / gib},
+                      {"store_path_cpu_ratio", path_ratio},
+                      {"engine_hashes", o.engine_hashes}};
   if (!o.json)
     std::printf(
         "events     store %8s  off %6.2f GB/s  on %6.2f GB/s  ratio %.3f (median of %d paired, "
-        "%llu messages); daemon CPU off %.4f on %.4f s/GiB stored\n",
+        "%llu messages%s); daemon CPU off %.4f on %.4f s/GiB stored (publisher thread %.4f, the "
+        "rest %.4f); store-path CPU (client + daemon, publisher aside) on/off %.4f\n",
         FormatBytes(bb).c_str(), Pct(g_off, 0.5), Pct(g_on, 0.5), Pct(ratio, 0.5), o.reps,
-        (unsigned long long)messages.load(), cpu_off, cpu_on);
+        (unsigned long long)messages.load(), o.engine_hashes ? ", engine hashes" : "", cpu_off,
+        cpu_on, pub_on, path_on, path_ratio);
   return 0;
 }
 
@@ -579,6 +649,8 @@ KVTIER_REGISTER_COMMAND(
                       "but events)");
       app->add_option("--disk-dir", o->disk_dir,
                       "writethrough: directory for the SSD tier (default $TMPDIR or /tmp)");
+      app->add_flag("!--no-engine-hashes", o->engine_hashes,
+                    "events: stores carry no engine hashes (kvtier's keys are announced)");
       return [o] {
         nlohmann::json out;
         out["data_plane"] = nlohmann::json::array();

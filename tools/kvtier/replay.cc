@@ -168,7 +168,8 @@ int Run(const ReplayArgs& a) {
     t.capacity_tokens = a.capacity_tokens;
     t.capacity_live = a.capacity_live;
     t.json_path = a.json_path;
-    return RunThrough(t, loaded);
+    t.replicas = a.timed.replicas;
+    return t.replicas > 1 ? RunRouted(t, loaded) : RunThrough(t, loaded);
   }
   if (a.cache_only) return RunCacheOnly(a, loaded);
   return RunTimedOnce(a.timed, loaded, a.policies, a.json_path, a.csv_path, a.html_path);
@@ -195,12 +196,22 @@ KVTIER_REGISTER_COMMAND(
           ->check(CLI::IsMember({"none", "request", "close"}));
       app->add_option("--disk-live", a->through.disk_live,
                       "With --through cache: an SSD tier below the host tier, this many times the "
-                      "mean live context (in a temporary folder; the writer drained after each "
-                      "request, so the figures repeat)");
+                      "mean live context (with --replicas N, each replica's share of it; in a "
+                      "temporary folder; the writer drained after each request, so the figures "
+                      "repeat)");
       app->add_option("--disk-min-reuse", a->through.disk_min_reuse,
                       "With --disk-live: the SSD tier's admission min_reuse (doc/config.md)");
       app->add_option("--disk-min-prefix-tokens", a->through.disk_min_prefix_tokens,
                       "With --disk-live: the SSD tier's admission min_prefix_tokens");
+      app->add_option("--router", a->through.routers,
+                      "With --through cache --replicas N: the routers to compare (repeat or "
+                      "comma-separate): medium (announced blocks credited GPU 1.0, CPU 0.8, "
+                      "STORAGE 0.5), gpu-only, round-robin, affinity. Default: all")
+          ->delimiter(',')
+          ->check(CLI::IsMember({"medium", "gpu-only", "round-robin", "affinity"}));
+      app->add_option("--device-live", a->through.device_live,
+                      "With --through cache --replicas N: each replica's emulated_device (GPU) "
+                      "tier, this many times its share of the mean live context (default 0.25)");
       app->add_option("--socket", a->through.socket,
                       "With --through daemon: use the daemon on this socket instead of starting "
                       "one (its config decides layout, capacity and policy)");
@@ -211,10 +222,12 @@ KVTIER_REGISTER_COMMAND(
                       "Policies to compare (repeat or comma-separate): lru, lru-tail, s3fifo, arc, "
                       "session. Default: all")
           ->delimiter(',');
-      app->add_option("--capacity-tokens", a->capacity_tokens, "Cache capacity in tokens");
+      app->add_option("--capacity-tokens", a->capacity_tokens,
+                      "Cache capacity in tokens (with --replicas N: each replica's host tier)");
       app->add_option("--capacity-live", a->capacity_live,
                       "Cache capacity as a multiple of the mean live context of the active "
-                      "sessions (default 1 when no capacity is given)");
+                      "sessions (default 1 when no capacity is given; with --through cache "
+                      "--replicas N, each replica's host tier in its share of it)");
       app->add_flag("--no-min", a->no_min, "Skip Belady's MIN (it holds the trace in memory)");
       app->add_flag("--baseline", a->baseline,
                     "Also time the stream alone and stream + key hashing (the same-run floor)");
@@ -225,5 +238,9 @@ KVTIER_REGISTER_COMMAND(
       app->add_option("--csv", a->csv_path, "Write the report as CSV");
       app->add_option("--html", a->html_path, "Write a self-contained HTML page with SVG charts");
       kvtier::cli::AddTimedOptions(app, &a->timed);
+      app->get_option("--replicas")
+          ->description(
+              "Engine replicas (timed: they share the remote tier; --through cache: each a Cache "
+              "of its own, a router picking one per request from their KV events)");
       return [a] { return kvtier::cli::Run(*a); };
     });

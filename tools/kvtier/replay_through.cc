@@ -92,27 +92,6 @@ struct Row {
   std::optional<CacheStats::PerTier> disk;  // --disk-live: the SSD tier after the replay
 };
 
-// The SSD tier of --disk-live, sized in mean live contexts, with the admission asked for.
-Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_tokens,
-                          TempDir* dir) {
-  KVTIER_RETURN_IF_ERROR(dir->Make("kvtier-replay-disk-"));
-  TierSpec d;
-  d.kind = "disk";
-  const uint64_t blocks =
-      std::max<uint64_t>(1, static_cast<uint64_t>(a.disk_live * live_tokens / l.block_tokens));
-  // The SSD's capacity counts records as they lie on disk (a header page and the payload padded
-  // to a page: 8 KiB for the replay's 64-byte blocks), not payload bytes.
-  disk::RecordHeader record;
-  record.payload_bytes = l.bytes_per_block();
-  d.capacity_bytes = blocks * record.record_bytes();
-  d.params["path"] = dir->path();
-  d.params["sync"] = "none";  // the figure is bytes and hits, not durability
-  d.admission.min_reuse = a.disk_min_reuse;
-  d.admission.min_prefix_tokens = a.disk_min_prefix_tokens;
-  KVTIER_RETURN_IF_ERROR(d.admission.Validate().WithContext("--disk-min-reuse"));
-  return d;
-}
-
 void PrintRows(const std::vector<Row>& rows, bool per_request) {
   std::printf("%-9s %13s %13s %13s %13s %9s\n", per_request ? "req mean" : "hit rate", "cache-only",
               "cache-only", "in-process", "daemon", "daemon -");
@@ -148,6 +127,26 @@ nlohmann::json RowJson(const sim::CacheReplayResult& r) {
 }
 
 }  // namespace
+
+Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_tokens,
+                          TempDir* dir) {
+  KVTIER_RETURN_IF_ERROR(dir->Make("kvtier-replay-disk-"));
+  TierSpec d;
+  d.kind = "disk";
+  const uint64_t blocks =
+      std::max<uint64_t>(1, static_cast<uint64_t>(a.disk_live * live_tokens / l.block_tokens));
+  // The SSD's capacity counts records as they lie on disk (a header page and the payload padded
+  // to a page: 8 KiB for the replay's 64-byte blocks), not payload bytes.
+  disk::RecordHeader record;
+  record.payload_bytes = l.bytes_per_block();
+  d.capacity_bytes = blocks * record.record_bytes();
+  d.params["path"] = dir->path();
+  d.params["sync"] = "none";  // the figure is bytes and hits, not durability
+  d.admission.min_reuse = a.disk_min_reuse;
+  d.admission.min_prefix_tokens = a.disk_min_prefix_tokens;
+  KVTIER_RETURN_IF_ERROR(d.admission.Validate().WithContext("--disk-min-reuse"));
+  return d;
+}
 
 int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
   workload::RequestStream& stream = *loaded.stream;

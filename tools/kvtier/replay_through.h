@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "kvtier/tier_factory.h"
 #include "replay_common.h"
+#include "subprocess.h"
 
 namespace kvtier::cli {
 
@@ -25,10 +27,21 @@ struct ThroughArgs {
   double disk_live = 0;
   uint32_t disk_min_reuse = 0;
   uint64_t disk_min_prefix_tokens = 0;
+  // > 1 (--through cache): the routed replay over this many replicas (replay_route.cc).
+  uint32_t replicas = 1;
+  std::vector<std::string> routers;  // empty: medium, gpu-only, round-robin, affinity
+  double device_live = 0.25;         // each replica's emulated_device tier, in live contexts
 };
 
 // Prints the table; returns the process exit code.
 int RunThrough(const ThroughArgs& a, const Loaded& loaded);
+// The routed replay (a.replicas > 1): prints its table; returns the process exit code.
+int RunRouted(const ThroughArgs& a, const Loaded& loaded);
+
+// The SSD tier of --disk-live: a.disk_live x live_tokens, in a fresh folder *dir, with a's
+// admission. InvalidArgument for a bad admission; the folder's error.
+Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_tokens,
+                          TempDir* dir);
 
 }  // namespace kvtier::cli
 

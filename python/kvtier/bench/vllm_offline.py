@@ -102,7 +102,8 @@ def kvtier_transfer_config(extra: dict) -> dict:
 def make_llm(spec: dict):
     """vllm.LLM for spec: model, prefix_caching, and optionally kvtier (the connector's extra
     config), kv_transfer_config (any connector's), executor, async_scheduling, max_model_len,
-    num_gpu_blocks_override. Returns (llm, seconds the start took)."""
+    num_gpu_blocks_override (or gpu_blocks), kv_events (vLLM's own KV events' endpoints).
+    Returns (llm, seconds the start took)."""
     from vllm import LLM
 
     kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
@@ -110,9 +111,15 @@ def make_llm(spec: dict):
               max_num_seqs=8, enable_prefix_caching=spec["prefix_caching"],
               disable_log_stats=False, seed=0, disable_hybrid_kv_cache_manager=True,
               distributed_executor_backend=spec.get("executor", "uni"))
-    for key in ("async_scheduling", "num_gpu_blocks_override"):
-        if spec.get(key) is not None:
-            kw[key] = spec[key]
+    if spec.get("async_scheduling") is not None:
+        kw["async_scheduling"] = spec["async_scheduling"]
+    # A small KV space, so vLLM evicts what it cached (gpu_blocks: the vLLM tests' name).
+    blocks = spec.get("num_gpu_blocks_override") or spec.get("gpu_blocks")
+    if blocks:
+        kw["num_gpu_blocks_override"] = blocks
+    if spec.get("kv_events"):  # vLLM's own KV events: {"endpoint": ..., "replay_endpoint": ...}
+        kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "topic": "vllm", **spec["kv_events"]}
     if spec.get("kvtier") is not None:
         kw["kv_transfer_config"] = kvtier_transfer_config(spec["kvtier"])
     elif spec.get("kv_transfer_config") is not None:

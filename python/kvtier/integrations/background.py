@@ -30,6 +30,16 @@ logger = logging.getLogger("kvtier")
 Nice = int | str | None  # a nice level, "idle" (SCHED_IDLE), or None: the process's own
 
 
+def engine_hashes(blocks) -> list:
+    """kvtier.EngineBlockHashes for each (hashes, parent, token_ids, lora_name) of a save
+    entry's blocks (an entry's optional 7th field); a block with no hashes is announced by
+    kvtier's key. None or []: no hashes at all."""
+    if not blocks:
+        return []
+    return [kvtier.EngineBlockHashes(list(h), parent_hash=p or b"", token_ids=list(t),
+                                     lora_name=n or "") for h, p, t, n in blocks]
+
+
 def check_nice(nice: Nice) -> Nice:
     """nice as lower_priority takes it; ValueError naming it otherwise."""
     if nice is None or nice == "idle":
@@ -69,7 +79,8 @@ def runs_idle(tid: int) -> bool:
     return hasattr(os, "SCHED_IDLE") and os.sched_getscheduler(tid) == os.SCHED_IDLE
 
 
-# One batch entry: (keys as (hi, lo) pairs, blocks [n, ...], first_block, tenant, lora_id).
+# One batch entry: (keys as (hi, lo) pairs, blocks [n, ...], first_block, tenant, lora_id
+# [, session_id [, engine hashes: one (hashes, parent, token_ids, lora_name) per block or None]]).
 Entry = tuple
 
 
@@ -169,13 +180,15 @@ class Saver:
     def _store(self, batch, done) -> None:
         """Stores one batch taken off the queue (self._in_flight counts it) and runs done."""
         results = []
-        for keys, blocks, first_block, tenant, lora_id, *session in batch:
+        for keys, blocks, first_block, tenant, lora_id, *rest in batch:
             result, error = None, None
+            session = rest[0] if rest else 0
+            engine = rest[1] if len(rest) > 1 else None
             try:
                 result = self._cache.store_keys(
                     [kvtier.BlockKey(hi, lo) for hi, lo in keys], blocks,
                     first_block=first_block, tenant=tenant, lora_id=lora_id,
-                    session_id=session[0] if session else 0)
+                    session_id=session, engine_hashes=engine_hashes(engine))
             except Exception as e:  # noqa: BLE001 - one bad entry must not stop the saver
                 error = e
             results.append((result, error))

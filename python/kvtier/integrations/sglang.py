@@ -22,6 +22,7 @@ share only the KvCache (thread-safe) and allocate their own staging tensors.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 import threading
@@ -78,6 +79,16 @@ def _words(text: str) -> list[int]:
     raw = text.encode()
     padded = raw + b"\0" * (-len(raw) % 4)
     return [len(raw), *struct.unpack(f"<{len(padded) // 4}I", padded)]
+
+
+def _key_bytes(key: str) -> bytes:
+    """A page key as hash bytes: SGLang's keys are hex digests (decoded); any other string is
+    its UTF-8, or its SHA-256 when longer than an event's 64-byte hash."""
+    try:
+        b = bytes.fromhex(key)
+    except ValueError:
+        b = key.encode()
+    return b if len(b) <= 64 else hashlib.sha256(b).digest()
 
 
 def _hash_string(parent: kvtier.BlockKey, text: str) -> kvtier.BlockKey:
@@ -220,6 +231,20 @@ class KvtierHiCacheStorage(_Base):
             raise kvtier.Unavailable("kvtier HiCache backend: no host pool registered yet")
         return _hash_string(self._root, key)
 
+    def _engine_hashes(self, keys: list[str], extra_info) -> list:
+        """SGLang's page keys as the blocks' engine hashes, for kvtier's KV events (one hash per
+        page, its parent the key before it); none when nothing publishes."""
+        if not self._cache.wants_engine_hashes:
+            return []
+        prefix = getattr(extra_info, "prefix_keys", None)
+        parent = _key_bytes(prefix[-1]) if prefix else b""
+        out = []
+        for k in keys:
+            h = _key_bytes(k)
+            out.append(kvtier.EngineBlockHashes([h], parent_hash=parent))
+            parent = h
+        return out
+
     @staticmethod
     def _first_block(extra_info) -> int:
         # The page's position in its sequence, when SGLang passes the ancestors' keys.
@@ -278,7 +303,8 @@ class KvtierHiCacheStorage(_Base):
         try:
             staging = self._pages.gather(self._pages.page_ids(host_indices, n))
             r = self._cache.store_keys([self.key_of(k) for k in keys], staging,
-                                       first_block=self._first_block(extra_info))
+                                       first_block=self._first_block(extra_info),
+                                       engine_hashes=self._engine_hashes(keys, extra_info))
         except (kvtier.KvtierError, ValueError) as e:
             self._warn("set", f"kvtier: store of {n} pages (first key {keys[0]}) failed ({e})")
             return [False] * n

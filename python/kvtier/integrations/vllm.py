@@ -63,6 +63,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm import envs  # noqa: E402
 from vllm.logger import init_logger  # noqa: E402
 
 import kvtier  # noqa: E402
@@ -108,6 +109,9 @@ class _Transfer:
     lora_id: str = ""
     session: int = 0
     is_async: bool = False  # a load run on the loader thread, reported by get_finished
+    # Saves, when the cache publishes KV events: per kvtier block, vLLM's own (hashes, parent,
+    # token_ids, lora_name), so kvtier announces the blocks as vLLM names them.
+    engine: list | None = None
 
 
 @dataclass
@@ -383,6 +387,12 @@ class KvtierConnector(KVConnectorBase_V1):
         self._config.setdefault("model_id", model.served_model_name or model.model)
         self._config.setdefault("model_revision",
                                 model_fingerprint(model.model, getattr(model, "revision", None)))
+        if self._config.get("events_addr"):
+            # The in-process cache's own KV events: hashes in vLLM's form, vLLM's DP rank.
+            self._config.setdefault("events_int_hashes",
+                                    bool(envs.VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES))
+            self._config.setdefault("events_dp_rank",
+                                    vllm_config.parallel_config.data_parallel_rank)
         executor = vllm_config.parallel_config.distributed_executor_backend
         if self._config.get("backend", "inprocess") == "inprocess" and executor != "uni":
             # Each half would open a Cache of its own: the scheduler would never see the
@@ -687,7 +697,10 @@ class KvtierConnector(KVConnectorBase_V1):
                 meta.loads.append(self._load_transfer(st, req_id, block_ids))
             if full > st.saved_blocks:
                 self._hash_to(st, tokens, full)
-                meta.saves.append(self._transfer(st, req_id, st.saved_blocks, full, block_ids))
+                t = self._transfer(st, req_id, st.saved_blocks, full, block_ids)
+                if self._cache.wants_engine_hashes:
+                    t.engine = self._engine_hashes(request, st.saved_blocks, full)
+                meta.saves.append(t)
                 st.saved_blocks = full
         self._step_shapes[meta.step] = (tokens_sum, pairs_sum)
         if len(self._step_shapes) > 1024:  # steps whose timing never came back
@@ -732,6 +745,24 @@ class KvtierConnector(KVConnectorBase_V1):
                          first_block=first,
                          block_ids=[list(block_ids[i * r:(i + 1) * r]) for i in range(first, end)],
                          skip=skip, tenant=st.tenant, lora_id=st.lora_id, session=st.session)
+
+    def _engine_hashes(self, request: "Request", first: int, end: int) -> list:
+        """vLLM's block hashes of kvtier blocks [first, end) of request, for kvtier's KV events:
+        per block (the vLLM blocks' hashes, the hash before them, the block's tokens, the LoRA
+        name). A block whose hashes vLLM has not computed gets none (announced by key)."""
+        r, kb = self._ratio, self._kb
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        lora = request.lora_request.name if request.lora_request else ""
+        out = []
+        for i in range(first, end):
+            if (i + 1) * r > len(hashes):
+                out.append(([], b"", [], ""))
+                continue
+            out.append(([bytes(h) for h in hashes[i * r:(i + 1) * r]],
+                        bytes(hashes[i * r - 1]) if i > 0 else b"",
+                        list(tokens[i * kb:(i + 1) * kb]), lora))
+        return out
 
     def _expire_pins(self) -> None:
         # Pins are the worker's promise; none outlives PIN_HOLD_S (a lost report, a stuck load).
@@ -906,7 +937,7 @@ class KvtierConnector(KVConnectorBase_V1):
         for t in meta.saves:
             k = len(t.keys)
             batch.append((t.keys, staging[off:off + k], t.first_block, t.tenant, t.lora_id,
-                          t.session))
+                          t.session, t.engine))
             off += k
         if not self._saver.put(batch, lambda results, buf=buf: self._saved(batch, results, buf)):
             self._staging.give(buf)

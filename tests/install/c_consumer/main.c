@@ -94,8 +94,19 @@ static int ThroughDaemon(const char* socket) {
     in[b] = src + b * bb;
     out[b] = dst + b * bb;
   }
+  /* The daemon publishes KV events: the engine's own hashes (two per block, as vLLM's blocks
+   * of 8 tokens inside kvtier's 16) travel with the store. */
+  CHECK(kvtier_cache_wants_engine_hashes(cache) == 1);
+  uint8_t hashes[kBlocks][2][32];
+  kvtier_engine_hashes engine[kBlocks];
+  for (int b = 0; b < kBlocks; ++b) {
+    memset(hashes[b], b + 1, sizeof hashes[b]);
+    engine[b] = (kvtier_engine_hashes){&hashes[b][0][0], 32, 2, b ? &hashes[b - 1][1][0] : NULL,
+                                       tokens + b * 16, 16, NULL};
+  }
   kvtier_store_result sr;
-  CHECK(kvtier_store(cache, tokens, kBlocks * 16, in, kBlocks, 0, NULL, &sr) == KVTIER_OK);
+  CHECK(kvtier_store_with_hashes(cache, tokens, kBlocks * 16, in, kBlocks, 0, NULL, engine, &sr) ==
+        KVTIER_OK);
   CHECK(kvtier_session_notify(cache, 5, KVTIER_SESSION_THINKING) == KVTIER_OK); /* to the daemon */
   CHECK(sr.stored_blocks == kBlocks);
   kvtier_lookup* lk = NULL;
@@ -178,6 +189,23 @@ int main(int argc, char** argv) {
 
   /* Too many blocks for the tokens is refused. */
   kvtier_store_result sr;
+  /* No publisher in process: engine hashes are taken and not kept; a bad hash size is refused. */
+  CHECK(kvtier_cache_wants_engine_hashes(cache) == 0);
+  {
+    /* With serve.events_addr the in-process cache publishes, and wants them. */
+    char yaml[512];
+    snprintf(yaml, sizeof yaml, "%sserve: {events_addr: \"tcp://127.0.0.1:*\"}\n", kConfig);
+    kvtier_cache* pub = NULL;
+    CHECK(kvtier_cache_open_yaml(yaml, "c_consumer-events", &pub) == KVTIER_OK);
+    CHECK(kvtier_cache_wants_engine_hashes(pub) == 1);
+    kvtier_cache_close(pub);
+  }
+  uint8_t hash[32] = {0};
+  kvtier_engine_hashes engine[2] = {{hash, 65, 1, NULL, NULL, 0, NULL},
+                                    {hash, 32, 1, NULL, NULL, 0, NULL}};
+  CHECK(kvtier_store_with_hashes(cache, tokens, 32, in, 2, 0, NULL, engine, &sr) ==
+        KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "engine[0].hash_bytes 65") != NULL);
   CHECK(kvtier_store(cache, tokens, 16, in, 2, 0, NULL, &sr) == KVTIER_INVALID_ARGUMENT);
 
   CHECK(kvtier_store(cache, tokens, sizeof tokens / sizeof tokens[0], in, kBlocks, 0, NULL, &sr) ==
