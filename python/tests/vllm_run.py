@@ -15,93 +15,18 @@ import os
 import sys
 import time
 
-# Before vLLM is imported: no hub, a small KV space, no thread pinning on a shared machine.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-# Transparent huge pages for torch's large CPU allocations (weights, the KV pages): without
-# them two processes started alike differed by up to 16% in CPU per token here, with them by
-# under 6%, so runs compared across processes compare the runs, not their page placement.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-os.environ.setdefault("DO_NOT_TRACK", "1")
-# One process: the engine core runs in this process and the worker inside it (executor "uni"),
-# so vLLM and torch are imported once per run (each import costs tens of seconds here).
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The helpers the comparison harness shares (kvtier.bench.vllm_offline); its configure_env()
+# runs before vLLM is imported.
+from kvtier.bench.vllm_offline import (BLOCK_SIZE, KVTIER_BLOCK, VOCAB,  # noqa: F401
+                                       configure_env, generate, make_llm, metric_sum, tokens)
+from kvtier.bench.vllm_offline import make_model as _make_model
 
-VOCAB = 512
-BLOCK_SIZE = 32  # vLLM's block (the CPU kernels want a multiple of 32)
-KVTIER_BLOCK = 128  # 4 vLLM blocks per kvtier block
+configure_env()
 
 
 def make_model(path: str) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=64, max_position_embeddings=4096, torch_dtype="float32",
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    # Larger weights than the default init give peaked logits, so greedy tokens are robust.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    _make_model(path, "test")
     print(json.dumps({"model": path}))
-
-
-def tokens(seed: int, n: int) -> list[int]:
-    import random
-
-    rng = random.Random(seed)
-    return [rng.randrange(1, VOCAB) for _ in range(n)]
-
-
-def metric_sum(llm, name: str) -> float:
-    total = 0.0
-    for m in llm.get_metrics():
-        if m.name == name and hasattr(m, "value"):
-            total += m.value
-    return total
-
-
-def make_llm(spec: dict):
-    from vllm import LLM
-
-    kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-              block_size=BLOCK_SIZE, max_model_len=4096, max_num_seqs=8,
-              enable_prefix_caching=spec["prefix_caching"], disable_log_stats=False, seed=0,
-              disable_hybrid_kv_cache_manager=True,
-              distributed_executor_backend=spec.get("executor", "uni"))
-    if "async_scheduling" in spec:
-        kw["async_scheduling"] = spec["async_scheduling"]
-    if spec.get("gpu_blocks"):  # a small KV space, so vLLM evicts what it cached
-        kw["num_gpu_blocks_override"] = spec["gpu_blocks"]
-    if spec.get("kv_events"):  # vLLM's own KV events: {"endpoint": ..., "replay_endpoint": ...}
-        kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "zmq",
-                                  "topic": "vllm", **spec["kv_events"]}
-    if spec.get("kvtier") is not None:
-        extra = {"block_tokens": KVTIER_BLOCK}
-        extra.update(spec["kvtier"])
-        kw["kv_transfer_config"] = {"kv_connector": "KvtierConnector",
-                                    "kv_connector_module_path": "kvtier.integrations.vllm",
-                                    "kv_role": "kv_both", "kv_connector_extra_config": extra}
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    return llm, round(time.perf_counter() - t0, 2)
-
-
-def generate(llm, prompts, max_tokens):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
-                        detokenize=False)
-    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
 
 
 def run(spec: dict) -> dict:

@@ -1,0 +1,138 @@
+"""vLLM driven offline on token ids, shared by the vLLM tests (python/tests/vllm_run.py) and
+the comparison harness (compare_vllm.py): no tokenizer, no hub, greedy, eager.
+
+Call configure_env() before vLLM is imported: it sets the environment defaults the runs need on
+a shared CPU machine (each only where the caller has not set it).
+"""
+
+import json
+import os
+import random
+import time
+
+VOCAB = 512
+BLOCK_SIZE = 32  # vLLM's block (the CPU kernels want a multiple of 32)
+KVTIER_BLOCK = 128  # 4 vLLM blocks per kvtier block
+
+# Random-weight Llamas made locally (seeded, fp32, head_dim 64, a 512-token vocabulary).
+#   test:    the tiny model of the correctness runs (recomputing a prefix costs almost nothing).
+#   compare: Llama-proportioned for the comparison: GQA with 8 KV heads (2 query heads per KV
+#            head), an MLP 2.75x wide, sized so a 4K-token prefill takes seconds on 2 CPU cores.
+MODELS = {
+    "test": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 max_position_embeddings=4096),
+    "compare": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                    num_attention_heads=16, num_key_value_heads=8, head_dim=64,
+                    max_position_embeddings=8192),
+}
+
+
+def configure_env() -> None:
+    """Before vLLM is imported: no hub, a small KV space, no thread pinning on a shared machine,
+    transparent huge pages, and the engine core in this process."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    # Transparent huge pages for torch's large CPU allocations (weights, the KV pages): without
+    # them two processes started alike differed by up to 16% in CPU per token here, with them by
+    # under 6%, so runs compared across processes compare the runs, not their page placement.
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    # One process: the engine core runs in this process and the worker inside it (executor
+    # "uni"), so vLLM and torch are imported once per run (each import costs tens of seconds).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def make_model(path: str, preset: str = "test") -> dict:
+    """Writes the preset's model to `path` (config.json, model.safetensors); returns its config."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(vocab_size=VOCAB, torch_dtype="float32", tie_word_embeddings=False,
+                      **MODELS[preset])
+    model = LlamaForCausalLM(cfg)
+    # Larger weights than the default init give peaked logits, so greedy tokens are robust.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    model.to(torch.float32).save_pretrained(path, safe_serialization=True)
+    return dict(MODELS[preset])
+
+
+def model_layout(path: str) -> dict:
+    """The KV layout the kvtier connector derives from the model folder (fp32 KV)."""
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    return {"num_layers": cfg["num_hidden_layers"], "num_kv_heads": cfg["num_key_value_heads"],
+            "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+            "dtype": "fp32", "block_tokens": KVTIER_BLOCK}
+
+
+def layout_yaml(layout: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in layout.items()) + "}"
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, VOCAB) for _ in range(n)]
+
+
+def metric_sum(llm, name: str) -> float:
+    total = 0.0
+    for m in llm.get_metrics():
+        if m.name == name and hasattr(m, "value"):
+            total += m.value
+    return total
+
+
+def kvtier_transfer_config(extra: dict) -> dict:
+    """vLLM's kv_transfer_config for kvtier's connector with `extra` as its extra config."""
+    cfg = {"block_tokens": KVTIER_BLOCK}
+    cfg.update(extra)
+    return {"kv_connector": "KvtierConnector",
+            "kv_connector_module_path": "kvtier.integrations.vllm",
+            "kv_role": "kv_both", "kv_connector_extra_config": cfg}
+
+
+def make_llm(spec: dict):
+    """vllm.LLM for spec: model, prefix_caching, and optionally kvtier (the connector's extra
+    config), kv_transfer_config (any connector's), executor, async_scheduling, max_model_len,
+    num_gpu_blocks_override (or gpu_blocks), kv_events (vLLM's own KV events' endpoints).
+    Returns (llm, seconds the start took)."""
+    from vllm import LLM
+
+    kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              block_size=BLOCK_SIZE, max_model_len=spec.get("max_model_len", 4096),
+              max_num_seqs=8, enable_prefix_caching=spec["prefix_caching"],
+              disable_log_stats=False, seed=0, disable_hybrid_kv_cache_manager=True,
+              distributed_executor_backend=spec.get("executor", "uni"))
+    if spec.get("async_scheduling") is not None:
+        kw["async_scheduling"] = spec["async_scheduling"]
+    # A small KV space, so vLLM evicts what it cached (gpu_blocks: the vLLM tests' name).
+    blocks = spec.get("num_gpu_blocks_override") or spec.get("gpu_blocks")
+    if blocks:
+        kw["num_gpu_blocks_override"] = blocks
+    if spec.get("kv_events"):  # vLLM's own KV events: {"endpoint": ..., "replay_endpoint": ...}
+        kw["kv_events_config"] = {"enable_kv_cache_events": True, "publisher": "zmq",
+                                  "topic": "vllm", **spec["kv_events"]}
+    if spec.get("kvtier") is not None:
+        kw["kv_transfer_config"] = kvtier_transfer_config(spec["kvtier"])
+    elif spec.get("kv_transfer_config") is not None:
+        kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    return llm, round(time.perf_counter() - t0, 2)
+
+
+def generate(llm, prompts, max_tokens):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                        detokenize=False)
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
