@@ -164,7 +164,7 @@ struct Opts {
   std::string phases = "data,writethrough,lookup,memory";
   std::string disk_dir;  // writethrough: where the SSD tier goes (default $TMPDIR)
   bool verify_commit = false;
-  bool engine_hashes = true;  // events: stores carry engine hashes (as the vLLM connector's)
+  bool no_engine_hashes = false;  // events: stores carry no engine hashes (the connector's do)
 };
 
 int DataPlane(const Opts& o, nlohmann::json* out) {
@@ -305,7 +305,7 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
     if (i > 0) engine[i].parent_hash = engine[i - 1].hashes.back();
   }
   RequestOptions rq;
-  if (o.engine_hashes) rq.engine_hashes = engine;
+  if (!o.no_engine_hashes) rq.engine_hashes = engine;
   std::vector<double> g_off, g_on, ratio;
   double client_off = 0, client_on = 0;  // the storing thread's CPU seconds
   bool ok = true;
@@ -371,14 +371,14 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
                       {"client_cpu_s_per_gib_off", client_off / gib},
                       {"client_cpu_s_per_gib_on", client_on / gib},
                       {"store_path_cpu_ratio", path_ratio},
-                      {"engine_hashes", o.engine_hashes}};
+                      {"engine_hashes", !o.no_engine_hashes}};
   if (!o.json)
     std::printf(
         "events     store %8s  off %6.2f GB/s  on %6.2f GB/s  ratio %.3f (median of %d paired, "
         "%llu messages%s); daemon CPU off %.4f on %.4f s/GiB stored (publisher thread %.4f, the "
         "rest %.4f); store-path CPU (client + daemon, publisher aside) on/off %.4f\n",
         FormatBytes(bb).c_str(), Pct(g_off, 0.5), Pct(g_on, 0.5), Pct(ratio, 0.5), o.reps,
-        (unsigned long long)messages.load(), o.engine_hashes ? ", engine hashes" : "", cpu_off,
+        (unsigned long long)messages.load(), o.no_engine_hashes ? "" : ", engine hashes", cpu_off,
         cpu_on, pub_on, path_on, path_ratio);
   return 0;
 }
@@ -649,7 +649,7 @@ KVTIER_REGISTER_COMMAND(
                       "but events)");
       app->add_option("--disk-dir", o->disk_dir,
                       "writethrough: directory for the SSD tier (default $TMPDIR or /tmp)");
-      app->add_flag("!--no-engine-hashes", o->engine_hashes,
+      app->add_flag("--no-engine-hashes", o->no_engine_hashes,
                     "events: stores carry no engine hashes (kvtier's keys are announced)");
       return [o] {
         nlohmann::json out;
