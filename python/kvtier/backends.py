@@ -91,7 +91,8 @@ _EVENT_KEYS = {
 }
 
 
-def _events(config: dict[str, Any]) -> "kvtier.EventsOptions | None":
+def _events(config: dict[str, Any],
+            tiers: list[kvtier.TierSpec]) -> "kvtier.EventsOptions | None":
     if not config.get("events_addr"):
         return None
     e = kvtier.EventsOptions()
@@ -99,7 +100,7 @@ def _events(config: dict[str, Any]) -> "kvtier.EventsOptions | None":
         if not key.startswith("events_"):
             continue
         if key == "events_media":  # tier name (host, disk, remote) -> medium
-            order = [t.name or t.kind for t in _tiers(config)]
+            order = [t.name or t.kind for t in tiers]
             e.media = [str(value.get(name, "")) for name in order]
             continue
         if key not in _EVENT_KEYS:
@@ -119,15 +120,16 @@ def _events(config: dict[str, Any]) -> "kvtier.EventsOptions | None":
 
 
 def _open_inprocess(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:
+    tiers = _tiers(config)
     return kvtier.open_cache(
-        layout, _tiers(config),
+        layout, tiers,
         model_id=str(config.get("model_id", "default")),
         model_revision=str(config.get("model_revision", "")),
         tenant=str(config.get("tenant", "")),
         lora_id=str(config.get("lora_id", "")),
         write_mode=str(config.get("write_mode", "write-through")),
         verify_checksums=bool(config.get("verify_checksums", True)),
-        events=_events(config))
+        events=_events(config, tiers))
 
 
 def _open_daemon(config: dict[str, Any], layout: kvtier.KvLayout) -> kvtier.KvCache:

@@ -545,9 +545,9 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
         rq.session_id = request.session_id;
         rq.first_block = first_block;
         rq.keys.assign(keys.begin(), keys.end());
-        if (impl_->events_)
-          rq.engine.assign(request.engine_hashes.begin(), request.engine_hashes.end());
-        serve::EncodeReserve(rq, w);
+        // The hashes travel only to a daemon that publishes.
+        serve::EncodeReserve(
+            rq, impl_->events_ ? request.engine_hashes : std::span<const EngineBlockHashes>{}, w);
       },
       &reply, &gen, &arena);
   serve::ReserveReply rr;

@@ -330,12 +330,12 @@ Status DecodeLoadReply(Reader* r, LoadReply* m) {
   return r->Done("load reply");
 }
 
-void EncodeReserve(const ReserveReq& m, Writer* w) {
+void EncodeReserve(const ReserveReq& m, std::span<const EngineBlockHashes> engine, Writer* w) {
   EncodeScope(m.scope, w);
   w->U64(m.session_id);
   w->U32(m.first_block);
   EncodeKeys(m.keys, w);
-  EncodeEngineHashes(m.engine, w);
+  EncodeEngineHashes(engine, w);
 }
 
 Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m) {

@@ -233,7 +233,9 @@ Status DecodeLoadReply(Reader* r, LoadReply* m);
 // bounds each hash (64 bytes) and name (256) and fails on a short payload.
 void EncodeEngineHashes(std::span<const EngineBlockHashes> v, Writer* w);
 bool DecodeEngineHashes(Reader* r, std::vector<EngineBlockHashes>* v);
-void EncodeReserve(const ReserveReq& m, Writer* w);
+// m's fields with engine in place of m.engine (a client encodes its caller's hashes uncopied).
+void EncodeReserve(const ReserveReq& m, std::span<const EngineBlockHashes> engine, Writer* w);
+inline void EncodeReserve(const ReserveReq& m, Writer* w) { EncodeReserve(m, m.engine, w); }
 Status DecodeReserve(std::span<const std::byte> in, ReserveReq* m);
 void EncodeReserveReply(const ReserveReply& m, Writer* w);
 Status DecodeReserveReply(Reader* r, ReserveReply* m);

@@ -345,7 +345,10 @@ ServeConfig DefaultServeConfig(std::string* why) {
   return c;
 }
 
-Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source) {
+namespace {
+
+// The cache's keys and the serve: section, without the daemon's rules on the cache.
+Result<ServeConfig> ParseCacheAndServe(std::string_view text, std::string_view source) {
   ServeConfig c;
   KVTIER_ASSIGN_OR_RETURN(c.cache, ParseCacheOptionsYaml(text, source));
   try {
@@ -357,6 +360,13 @@ Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view
     return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
                                    ": " + e.msg);
   }
+  return c;
+}
+
+}  // namespace
+
+Result<ServeConfig> ParseServeConfigYaml(std::string_view text, std::string_view source) {
+  KVTIER_ASSIGN_OR_RETURN(ServeConfig c, ParseCacheAndServe(text, source));
   if (c.cache.tiers.empty() || c.cache.tiers[0].kind != "host")
     return Status::InvalidArgument(std::string(source) +
                                    ": tiers[0].kind: the daemon's first tier must be a host "
@@ -389,20 +399,10 @@ Status ApplyEventOptions(const ServeOptions& serve, CacheOptions* cache) {
 }
 
 Result<CacheOptions> CacheOptionsWithEvents(std::string_view text, std::string_view source) {
-  KVTIER_ASSIGN_OR_RETURN(CacheOptions cache, ParseCacheOptionsYaml(text, source));
-  ServeOptions serve;
-  try {
-    YAML::Node root = YAML::Load(std::string(text));
-    if (root["serve"]) {
-      KVTIER_ASSIGN_OR_RETURN(serve, ParseServe(source, root["serve"]));
-    }
-  } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
-                                   ": " + e.msg);
-  }
+  KVTIER_ASSIGN_OR_RETURN(ServeConfig c, ParseCacheAndServe(text, source));
   // Only the events: the daemon's other keys and rules do not concern an in-process cache.
-  if (!serve.events_addr.empty()) KVTIER_RETURN_IF_ERROR(ApplyEventOptions(serve, &cache));
-  return cache;
+  if (!c.serve.events_addr.empty()) KVTIER_RETURN_IF_ERROR(ApplyEventOptions(c.serve, &c.cache));
+  return std::move(c.cache);
 }
 
 Result<CacheOptions> CacheOptionsWithEventsFile(const std::string& path) {
