@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* The C API's own version: bumped on any incompatible change (the SONAME follows it). */
-#define KVTIER_C_API_VERSION 1
+#define KVTIER_C_API_VERSION 2
 
 typedef enum kvtier_code {
   KVTIER_OK = 0,
@@ -103,8 +103,10 @@ typedef struct kvtier_client_options {
                                  served under one model_id apart */
   const char* tenant;         /* NULL = the default tenant */
   const char* lora_id;
-  const char* token;   /* proves a token-bound tenant */
-  uint32_t timeout_ms; /* every call's deadline; 0 = 1000 */
+  const char* token;       /* proves a token-bound tenant */
+  uint32_t timeout_ms;     /* every call's deadline; 0 = 1000 */
+  const char* layout_yaml; /* NULL = the fields above; else a YAML layout mapping as in
+                              doc/config.md's layout: (grouped layouts) that replaces them */
 } kvtier_client_options;
 
 /* Connects to the daemon. A daemon that is not running is no error: the cache starts

@@ -30,6 +30,9 @@ namespace kvtier {
 
 // Parses YAML text; `source` names it in errors. The result is validated.
 Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_view source);
+// A KvLayout from the YAML of a config's `layout:` mapping (or a document holding it under
+// `layout:`), read by the same reader and validated; errors as ParseCacheOptionsYaml's.
+Result<KvLayout> ParseLayoutYaml(std::string_view text, std::string_view source);
 // Reads and parses a file.
 Result<CacheOptions> LoadCacheOptionsFile(const std::string& path);
 // The text of a config file; InvalidArgument naming the file when it cannot be read.

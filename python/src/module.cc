@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "arrays.h"
 #include "events.h"
 #include "kvtier/block_key.h"
 #include "kvtier/cache.h"
@@ -34,6 +35,7 @@
 #include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 #include "kvtier/status.h"
+#include "paged.h"
 #include "planner.h"
 #include "serve/serve_options.h"
 #include "stats.h"
@@ -68,35 +70,6 @@ T Take(Result<T> r) {
 
 [[noreturn]] void RaiseInvalid(const std::string& message) {
   Raise(Status::InvalidArgument(message));
-}
-
-DType DTypeFrom(const std::string& name) {
-  auto d = ParseDType(name);
-  if (!d) RaiseInvalid("dtype '" + name + "': not bf16, fp16, fp8 or fp32");
-  return *d;
-}
-
-AttentionKind AttentionFrom(const std::string& name) {
-  auto a = ParseAttentionKind(name);
-  if (!a) RaiseInvalid("attention '" + name + "': not mha, gqa or mla");
-  return *a;
-}
-
-// Any CPU ndarray, any dtype; contiguity and size are checked here so a wrong buffer is a
-// ValueError naming it, never a write past its end.
-using AnyArray = nb::ndarray<nb::device::cpu>;
-using AnyConstArray = nb::ndarray<nb::ro, nb::device::cpu>;
-
-template <typename Array>
-std::span<std::byte> BytesOf(const Array& a, const char* what) {
-  int64_t expect = 1;
-  for (size_t d = a.ndim(); d-- > 0;) {
-    if (a.shape(d) != 1 && a.stride(d) != expect)
-      RaiseInvalid(std::string(what) + ": the buffer is not C-contiguous");
-    expect *= static_cast<int64_t>(a.shape(d));
-  }
-  auto* p = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(a.data())));
-  return {p, a.nbytes()};
 }
 
 // Splits one buffer (n whole blocks) or a list of buffers (one block each) into block spans.
@@ -135,178 +108,6 @@ std::vector<Span> Blocks(nb::handle buffers, uint64_t block_bytes, const char* w
 
 RequestOptions Request(const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
   return RequestOptions{tenant, lora_id, session_id};
-}
-
-// ---- Paged KV: an engine's per-layer paged tensors <-> kvtier blocks (kvtier.gather_pages).
-//
-// A layer tensor holds N pages of page_tokens tokens. Known page layouts (H = kv heads,
-// P = page tokens, D = head_dim):
-//   "fused": [N, H, P, 2*D]  each head's [P, 2D] read as [2P, D]: P rows of K, then P of V
-//   "split": [2, N, H, P, D] K's pages, then V's
-// A kvtier block of block_tokens tokens spans ratio = block_tokens / P pages of every layer and
-// is stored in kvtier's byte order (kvtier/layout.h). One row of D elements is the copy unit.
-struct PagedLayer {
-  std::byte* base = nullptr;
-  int64_t pages = 0;
-};
-
-struct PagedGeometry {
-  std::vector<PagedLayer> layers;
-  uint64_t row = 0;  // bytes of one (token, head) row: head_dim elements
-  uint64_t s_page = 0, s_head = 0, s_kv = 0, s_tok = 0;  // source strides in bytes (s_kv per layer
-                                                         // for "split": it depends on N)
-  bool split = false;
-  uint32_t heads = 0, page_tokens = 0, ratio = 0;
-  uint64_t block_bytes = 0, layer_bytes = 0;
-};
-
-template <typename Array>
-PagedGeometry Geometry(nb::handle layers, const KvLayout& layout, uint32_t page_tokens,
-                       const std::string& kind, const char* what) {
-  const std::string w(what);
-  if (layout.attention != AttentionKind::kMha)
-    RaiseInvalid(w + ": paged KV copies support MHA/GQA layouts only");
-  if (page_tokens == 0 || layout.block_tokens % page_tokens != 0)
-    RaiseInvalid(w + ": a kvtier block of " + std::to_string(layout.block_tokens) +
-                 " tokens is not a whole number of " + std::to_string(page_tokens) +
-                 "-token pages");
-  if (kind != "fused" && kind != "split")
-    RaiseInvalid(w + ": page layout '" + kind + "': not fused or split");
-  if (!nb::isinstance<nb::sequence>(layers) || nb::isinstance<nb::str>(layers))
-    RaiseInvalid(w + ": layers must be a list of arrays, one per layer");
-  PagedGeometry g;
-  g.split = kind == "split";
-  g.heads = layout.num_kv_heads;
-  g.page_tokens = page_tokens;
-  g.ratio = layout.block_tokens / page_tokens;
-  g.block_bytes = layout.bytes_per_block();
-  g.layer_bytes = layout.layer_bytes();
-  const uint64_t es = DTypeBytes(layout.dtype);
-  const uint64_t H = layout.num_kv_heads, P = page_tokens, D = layout.head_dim;
-  g.row = D * es;
-  g.s_tok = D * es;
-  g.s_head = (g.split ? P * D : P * 2 * D) * es;
-  g.s_page = H * g.s_head;
-  g.s_kv = g.split ? 0 : P * D * es;
-  size_t i = 0;
-  for (nb::handle item : layers) {
-    const std::string name = w + ": layer " + std::to_string(i);
-    Array a;
-    if (!nb::try_cast(item, a, false))
-      RaiseInvalid(name + ": not a" + (std::is_same_v<Array, AnyArray> ? " writable" : "") +
-                   " CPU array (numpy, or torch through DLPack)");
-    if (a.itemsize() != es)
-      RaiseInvalid(name + ": " + std::to_string(a.itemsize()) + "-byte elements, the layout's " +
-                   std::string(DTypeName(layout.dtype)) + " has " + std::to_string(es));
-    std::vector<int64_t> shape(a.ndim());
-    for (size_t d = 0; d < a.ndim(); ++d) shape[d] = static_cast<int64_t>(a.shape(d));
-    const bool ok =
-        g.split ? (shape.size() == 5 && shape[0] == 2 && shape[2] == static_cast<int64_t>(H) &&
-                   shape[3] == static_cast<int64_t>(P) && shape[4] == static_cast<int64_t>(D))
-                : (shape.size() == 4 && shape[1] == static_cast<int64_t>(H) &&
-                   shape[2] == static_cast<int64_t>(P) && shape[3] == static_cast<int64_t>(2 * D));
-    if (!ok) {
-      std::string got = "[";
-      for (size_t d = 0; d < shape.size(); ++d) got += (d ? ", " : "") + std::to_string(shape[d]);
-      got += "]";
-      RaiseInvalid(name + ": shape " + got + " is not the '" + kind + "' layout " +
-                   (g.split ? "[2, N, " + std::to_string(H) + ", " + std::to_string(P) + ", " +
-                                  std::to_string(D) + "]"
-                            : "[N, " + std::to_string(H) + ", " + std::to_string(P) + ", " +
-                                  std::to_string(2 * D) + "]"));
-    }
-    auto bytes = BytesOf(a, name.c_str());
-    g.layers.push_back({bytes.data(), g.split ? shape[1] : shape[0]});
-    ++i;
-  }
-  if (g.layers.size() != layout.num_layers)
-    RaiseInvalid(w + ": " + std::to_string(g.layers.size()) + " layer arrays for a layout of " +
-                 std::to_string(layout.num_layers) + " layers");
-  return g;
-}
-
-// Page ids: a 1-D integer array (numpy or torch, any stride) or a sequence of ints.
-std::vector<int64_t> PageIds(nb::handle ids, const char* what) {
-  std::vector<int64_t> out;
-  nb::ndarray<nb::ro, nb::device::cpu, nb::ndim<1>> a;
-  if (nb::try_cast(ids, a, false)) {
-    const auto dt = a.dtype();
-    if (dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int) &&
-        dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt))
-      RaiseInvalid(std::string(what) + ": page ids must be integers");
-    const auto* p = static_cast<const std::byte*>(a.data());
-    const size_t es = a.itemsize();
-    out.reserve(a.shape(0));
-    for (size_t i = 0; i < a.shape(0); ++i) {
-      const std::byte* e = p + static_cast<int64_t>(i) * a.stride(0) * static_cast<int64_t>(es);
-      int64_t v = 0;
-      const bool sgn = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Int);
-      switch (es) {
-        case 1:
-          v = sgn ? *reinterpret_cast<const int8_t*>(e) : *reinterpret_cast<const uint8_t*>(e);
-          break;
-        case 2:
-          v = sgn ? *reinterpret_cast<const int16_t*>(e) : *reinterpret_cast<const uint16_t*>(e);
-          break;
-        case 4:
-          v = sgn ? *reinterpret_cast<const int32_t*>(e) : *reinterpret_cast<const uint32_t*>(e);
-          break;
-        case 8:
-          v = *reinterpret_cast<const int64_t*>(e);
-          break;
-        default:
-          RaiseInvalid(std::string(what) + ": page ids of an unknown integer width");
-      }
-      out.push_back(v);
-    }
-    return out;
-  }
-  if (!nb::try_cast(ids, out, true))
-    RaiseInvalid(std::string(what) + ": page ids must be a 1-D integer array or a list of ints");
-  return out;
-}
-
-void CheckPageIds(const PagedGeometry& g, const std::vector<int64_t>& ids, const char* what) {
-  for (size_t i = 0; i < ids.size(); ++i)
-    for (size_t l = 0; l < g.layers.size(); ++l)
-      if (ids[i] < 0 || ids[i] >= g.layers[l].pages)
-        RaiseInvalid(std::string(what) + ": page id " + std::to_string(ids[i]) + " (at " +
-                     std::to_string(i) + ") is outside layer " + std::to_string(l) + "'s " +
-                     std::to_string(g.layers[l].pages) + " pages");
-}
-
-// How many whole blocks `bytes` holds; ValueError naming `what` when it is not a whole number.
-uint64_t WholeBlocks(const PagedGeometry& g, size_t bytes, const std::string& what) {
-  if (bytes % g.block_bytes != 0)
-    RaiseInvalid(what + " has " + std::to_string(bytes) + " bytes, not a whole number of " +
-                 std::to_string(g.block_bytes) + "-byte blocks");
-  return bytes / g.block_bytes;
-}
-
-// Copies page j of the blocks' page sequence (block j / ratio, its (j % ratio)-th page) between
-// the block buffer and the engine page `page`, every layer. to_blocks: engine -> blocks.
-void CopyPage(const PagedGeometry& g, std::byte* blocks, uint64_t j, int64_t page, bool to_blocks) {
-  const uint64_t block = j / g.ratio, sub = j % g.ratio;
-  for (size_t l = 0; l < g.layers.size(); ++l) {
-    const PagedLayer& layer = g.layers[l];
-    const uint64_t s_kv = g.split ? static_cast<uint64_t>(layer.pages) * g.s_page : g.s_kv;
-    std::byte* layer_blocks = blocks + block * g.block_bytes + l * g.layer_bytes;
-    for (uint64_t kv = 0; kv < 2; ++kv) {
-      std::byte* kv_blocks = layer_blocks + kv * (g.layer_bytes / 2);
-      for (uint64_t h = 0; h < g.heads; ++h) {
-        std::byte* src =
-            layer.base + static_cast<uint64_t>(page) * g.s_page + h * g.s_head + kv * s_kv;
-        for (uint64_t p = 0; p < g.page_tokens; ++p) {
-          std::byte* dst = kv_blocks + ((sub * g.page_tokens + p) * g.heads + h) * g.row;
-          std::byte* eng = src + p * g.s_tok;
-          if (to_blocks)
-            std::memcpy(dst, eng, g.row);
-          else
-            std::memcpy(eng, dst, g.row);
-        }
-      }
-    }
-  }
 }
 
 SessionEvent SessionEventFrom(const std::string& name) {
@@ -357,37 +158,7 @@ NB_MODULE(_kvtier, m) {
     m.attr(n.name) = nb::handle(cls);
   }
 
-  nb::class_<KvLayout>(m, "KvLayout", "The shape of one KV block (all layers, K and V).")
-      .def(
-          "__init__",
-          [](KvLayout* self, uint32_t num_layers, uint32_t num_kv_heads, uint32_t head_dim,
-             const std::string& dtype, uint32_t block_tokens, const std::string& attention) {
-            new (self) KvLayout{num_layers,       num_kv_heads, head_dim,
-                                DTypeFrom(dtype), block_tokens, AttentionFrom(attention)};
-            Check(self->Validate());
-          },
-          "num_layers"_a, "num_kv_heads"_a, "head_dim"_a, "dtype"_a = "bf16", "block_tokens"_a = 64,
-          "attention"_a = "mha")
-      .def_ro("num_layers", &KvLayout::num_layers)
-      .def_ro("num_kv_heads", &KvLayout::num_kv_heads)
-      .def_ro("head_dim", &KvLayout::head_dim)
-      .def_ro("block_tokens", &KvLayout::block_tokens)
-      .def_prop_ro("dtype", [](const KvLayout& l) { return std::string(DTypeName(l.dtype)); })
-      .def_prop_ro("attention",
-                   [](const KvLayout& l) { return std::string(AttentionKindName(l.attention)); })
-      .def_prop_ro("bytes_per_token", &KvLayout::bytes_per_token)
-      .def_prop_ro("bytes_per_block", &KvLayout::bytes_per_block)
-      .def_prop_ro("layer_bytes", &KvLayout::layer_bytes)
-      .def_prop_ro("fingerprint", &KvLayout::fingerprint)
-      .def("__eq__", [](const KvLayout& a, const KvLayout& b) { return a == b; })
-      .def("__repr__", &KvLayout::ToString);
-  m.def(
-      "layout_preset",
-      [](const std::string& name, uint32_t block_tokens) {
-        return Take(LayoutPreset(name, block_tokens));
-      },
-      "name"_a, "block_tokens"_a = 64);
-  m.def("layout_preset_names", &LayoutPresetNames);
+  RegisterLayout(m);
 
   nb::class_<BlockKey>(m, "BlockKey", "A block's 128-bit chained key.")
       .def(nb::init<>())
@@ -442,53 +213,7 @@ NB_MODULE(_kvtier, m) {
       },
       "buffer"_a);
 
-  m.def(
-      "gather_pages",
-      [](nb::handle layers, nb::handle page_ids, AnyArray out, const KvLayout& layout,
-         uint32_t page_tokens, const std::string& kind) {
-        PagedGeometry g =
-            Geometry<AnyConstArray>(layers, layout, page_tokens, kind, "gather_pages");
-        auto dst = BytesOf(out, "gather_pages: out");
-        const uint64_t n = WholeBlocks(g, dst.size(), "gather_pages: out");
-        std::vector<int64_t> ids = PageIds(page_ids, "gather_pages");
-        if (ids.size() != n * g.ratio)
-          RaiseInvalid("gather_pages: " + std::to_string(ids.size()) + " page ids for " +
-                       std::to_string(n) + " blocks of " + std::to_string(g.ratio) + " pages");
-        CheckPageIds(g, ids, "gather_pages");
-        nb::gil_scoped_release release;
-        for (uint64_t j = 0; j < ids.size(); ++j) CopyPage(g, dst.data(), j, ids[j], true);
-      },
-      "layers"_a, "page_ids"_a, "out"_a, "layout"_a, "page_tokens"_a, "kind"_a = "fused",
-      "Copies an engine's paged KV into kvtier blocks: out (C-contiguous, n whole blocks of "
-      "layout) block i <- pages page_ids[i*ratio:(i+1)*ratio] of every layer, ratio = "
-      "layout.block_tokens / page_tokens. layers: one C-contiguous array per layer, shaped "
-      "[N, H, P, 2*D] (kind 'fused') or [2, N, H, P, D] ('split'). A wrong size, shape or page "
-      "id is a ValueError; nothing is copied then. Releases the GIL while copying.");
-  m.def(
-      "scatter_pages",
-      [](AnyConstArray src, nb::handle layers, nb::handle page_ids, const KvLayout& layout,
-         uint32_t page_tokens, const std::string& kind, uint32_t skip) {
-        PagedGeometry g = Geometry<AnyArray>(layers, layout, page_tokens, kind, "scatter_pages");
-        auto from = BytesOf(src, "scatter_pages: src");
-        const uint64_t pages = WholeBlocks(g, from.size(), "scatter_pages: src") * g.ratio;
-        if (skip > pages)
-          RaiseInvalid("scatter_pages: skip " + std::to_string(skip) + " > the " +
-                       std::to_string(pages) + " pages of src");
-        std::vector<int64_t> ids = PageIds(page_ids, "scatter_pages");
-        if (ids.size() != pages - skip)
-          RaiseInvalid("scatter_pages: " + std::to_string(ids.size()) + " page ids for the " +
-                       std::to_string(pages - skip) + " pages of src after skip " +
-                       std::to_string(skip));
-        CheckPageIds(g, ids, "scatter_pages");
-        nb::gil_scoped_release release;
-        for (uint64_t j = 0; j < ids.size(); ++j)
-          CopyPage(g, const_cast<std::byte*>(from.data()), j + skip, ids[j], false);
-      },
-      "src"_a, "layers"_a, "page_ids"_a, "layout"_a, "page_tokens"_a, "kind"_a = "fused",
-      "skip"_a = 0,
-      "The reverse of gather_pages: the pages of src's blocks from the skip-th on (block i's "
-      "pages are i*ratio .. i*ratio+ratio-1) are written to engine pages page_ids, every layer. "
-      "Sizes and page ids are validated first (ValueError). Releases the GIL while copying.");
+  RegisterPaged(m);
 
   nb::class_<TierSpec>(m, "TierSpec")
       .def(

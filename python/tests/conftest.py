@@ -10,10 +10,13 @@ _RUNS = {"test_run_a_reference": "A", "test_run_b_vllm_prefix_cache": "B",
          "test_run_g_events_name_offloaded_blocks_as_vllm_does[inprocess]": "G",
          "test_run_g_events_name_offloaded_blocks_as_vllm_does[daemon]": "G"}
 _OUTCOMES: dict = {}
+_FAMILY_OUTCOMES: dict = {}
 
 
 def pytest_runtest_logreport(report):
     name = report.nodeid.split("::")[-1]
+    if "test_vllm_models.py" in report.nodeid and (report.when == "call" or report.skipped):
+        _FAMILY_OUTCOMES[name] = "skip" if report.skipped else "fail" if report.failed else "pass"
     if name not in _RUNS:
         return
     run = _RUNS[name]
@@ -41,6 +44,7 @@ def pytest_sessionfinish(session, exitstatus):
            "miss_rounds": SUMMARY.get("miss_rounds"),
            "miss_throughput_ratio_same_process": SUMMARY.get("miss_throughput_ratio_same_process"),
            "miss_rounds_same_process": SUMMARY.get("miss_rounds_same_process"),
-           "miss_hook_share": SUMMARY.get("miss_hook_share")}
+           "miss_hook_share": SUMMARY.get("miss_hook_share"),
+           "families": {"tests": _FAMILY_OUTCOMES, "bytes": SUMMARY.get("families")}}
     with open(path, "w") as f:
         json.dump(doc, f)

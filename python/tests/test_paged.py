@@ -218,3 +218,52 @@ def test_gather_pages_releases_the_gil():
         inside += 1
     t.join()
     assert inside > 1000, f"only {inside} main-thread iterations during the gathers"
+
+
+def test_grouped_layout_puts_each_group_at_its_offset_and_keeps_a_windows_last_pages():
+    # A sliding-window group (window 16 in 16-token pages: one page of a 64-token block kept)
+    # beside a full group: each group's bytes equal what the ungrouped layout of its shape
+    # gathers, at the group's offset; scatter's -1 pages stay untouched.
+    sw = kvtier.KvLayoutGroup("sliding_window", L, H, D, "fp32", window=16, page_tokens=P)
+    full = kvtier.KvLayoutGroup("full", L, H, D, "fp32")
+    lay = kvtier.KvLayout.from_groups([sw, full], 64)
+    assert lay.grouped and sw.stored_tokens(64) == P
+    assert lay.bytes_per_block == L * 2 * H * D * 4 * (P + 64)
+    assert lay.full_bytes_per_block == 2 * L * 2 * H * D * 4 * 64
+    layers = fused_layers()
+    sw_part = PagedKv(layers, lay, P, group=0)
+    full_part = PagedKv(layers, lay, P, group=1)
+    assert (sw_part.keep, full_part.keep) == (1, 4)
+    out = torch.zeros((2, lay.bytes_per_block), dtype=torch.uint8)
+    sw_part.gather([3, 7], out)
+    full_part.gather([0, 1, 2, 3, 4, 5, 6, 7], out)
+    want_full = torch.zeros((2, layout().bytes_per_block), dtype=torch.uint8)
+    PagedKv(layers, layout(), P).gather([0, 1, 2, 3, 4, 5, 6, 7], want_full)
+    want_sw = torch.zeros((2, layout(P).bytes_per_block), dtype=torch.uint8)
+    PagedKv(layers, layout(P), P).gather([3, 7], want_sw)
+    off = lay.group_offset(1)
+    assert off == want_sw.shape[1]
+    assert torch.equal(out[:, :off], want_sw) and torch.equal(out[:, off:], want_full)
+    back = [torch.zeros_like(t) for t in layers]
+    PagedKv(back, lay, P, group=0).scatter(out, [-1, 9])
+    for t, src in zip(back, layers):
+        assert torch.equal(t[9], src[7]) and not t[3].any() and not t[:9].any()
+
+
+def test_latent_pages_round_trip_one_latent_per_token():
+    mla = kvtier.KvLayout(num_layers=L, num_kv_heads=1, head_dim=D, dtype="fp32",
+                          block_tokens=32, attention="mla")
+    layers = [torch.arange(N * P * D, dtype=torch.float32).view(N, 1, P, D) + 1e5 * i
+              for i in range(L)]
+    paged = PagedKv(layers, mla, P)
+    assert paged.kind == "latent" and mla.bytes_per_block == L * 32 * D * 4
+    out = torch.zeros((1, L, 32, D))
+    paged.gather([4, 2], out)
+    for i in range(L):
+        assert torch.equal(out[0, i], torch.cat([layers[i][4, 0], layers[i][2, 0]]))
+    back = [torch.zeros_like(t) for t in layers]
+    PagedKv(back, mla, P).scatter(out, [5, 6])
+    for t, src in zip(back, layers):
+        assert torch.equal(t[5], src[4]) and torch.equal(t[6], src[2])
+    with pytest.raises(ValueError, match="'fused' holds K and V"):
+        kvtier.gather_pages(layers, [4, 2], out, mla, P, "fused")

@@ -20,7 +20,6 @@ connector (daemon backend) and one without, measured in alternating rounds; the 
 median of the per-round ratios, so a busy moment on a shared machine hits both sides alike.
 """
 
-import glob
 import json
 import os
 import queue
@@ -33,6 +32,7 @@ import pytest
 
 from conftest import SUMMARY
 from daemon import Daemon
+from disk_records import corrupt_second_record
 
 try:
     import vllm  # noqa: F401
@@ -153,23 +153,6 @@ def test_run_d_new_process_from_ssd(env):
     equal = outputs(d["passes"][0]) == outputs(RESULTS["B"]["passes"][1])
     SUMMARY.setdefault("equal", {})["D"] = equal
     assert equal, "output tokens differ from run B's"
-
-
-def corrupt_second_record(disk_dir):
-    """Flips a payload byte of the second block stored (turn 1's block 1), see doc/disk_format.md."""
-    seg = sorted(glob.glob(os.path.join(disk_dir, "seg-*.kvs")))[0]
-    with open(seg, "r+b") as f:
-        data = f.read()
-        off, seen = 4096, 0
-        while off < len(data) and data[off:off + 8] == b"KVTIERRC":
-            payload = int.from_bytes(data[off + 32:off + 40], "little")
-            if seen == 1:
-                f.seek(off + 4096 + 100)
-                f.write(bytes([data[off + 4096 + 100] ^ 0xFF]))
-                return seg
-            seen += 1
-            off += 4096 + (payload + 4095) // 4096 * 4096
-    raise AssertionError(f"no second record in {seg}")
 
 
 def test_run_e_corrupted_block_is_recomputed(env):

@@ -1,6 +1,6 @@
 """One vLLM run in this process, for test_vllm.py: prints one JSON line with what happened.
 
-    python vllm_run.py make-model DIR
+    python vllm_run.py make-model DIR [PRESET]   (PRESET: test, or a family of vllm_offline)
     python vllm_run.py run SPEC_JSON
     python vllm_run.py serve SPEC_JSON   (the 0%-hit throughput, driven over stdin; see serve())
 
@@ -24,8 +24,8 @@ from kvtier.bench.vllm_offline import make_model as _make_model
 configure_env()
 
 
-def make_model(path: str) -> None:
-    _make_model(path, "test")
+def make_model(path: str, preset: str = "test") -> None:
+    _make_model(path, preset)
     print(json.dumps({"model": path}))
 
 
@@ -45,7 +45,7 @@ def run(spec: dict) -> dict:
             for _ in range(spec.get("passes", 1)):
                 r1 = generate(llm, [turn1], 24)[0]
                 o1 = list(r1.outputs[0].token_ids)
-                turn2 = turn1 + o1 + tokens(2, 150)
+                turn2 = turn1 + o1 + tokens(2, spec.get("turn2_new_tokens", 150))
                 r2 = generate(llm, [turn2], 24)[0]
                 o2 = list(r2.outputs[0].token_ids)
                 ttft = [getattr(r.metrics, "first_token_latency", None) for r in (r1, r2)]
@@ -109,8 +109,10 @@ def background_cpu(hooks) -> dict[str, float]:
     from kvtier.integrations import background
 
     threads = [s.thread for s in background.savers()]
-    if hooks._stats_writer is not None:
-        threads.append(hooks._stats_writer._thread)
+    from kvtier.integrations import vllm_support
+
+    if vllm_support._stats_writer is not None:
+        threads.append(vllm_support._stats_writer._thread)
     for th in threads:
         try:
             clock = time.pthread_getcpuclockid(th.ident)
@@ -208,7 +210,7 @@ def serve(spec: dict) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "make-model":
-        make_model(sys.argv[2])
+        make_model(sys.argv[2], *sys.argv[3:4])
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
     else:

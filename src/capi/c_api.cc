@@ -181,6 +181,13 @@ kvtier_code kvtier_client_open(const kvtier_client_options* options, kvtier_cach
                                                  options->attention + "' is unknown");
       o.layout.attention = *a;
     }
+    if (options->layout_yaml != nullptr) {
+      auto l = kvtier::ParseLayoutYaml(options->layout_yaml, "layout_yaml");
+      if (!l.ok())
+        return Fail(KVTIER_INVALID_ARGUMENT,
+                    "kvtier_client_open: " + std::string(l.status().message()));
+      o.layout = *std::move(l);
+    }
     if (options->model_id != nullptr) o.model_id = options->model_id;
     if (options->model_revision != nullptr) o.model_revision = options->model_revision;
     if (options->tenant != nullptr) o.tenant = options->tenant;

@@ -1,5 +1,6 @@
 #include "kvtier/layout.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -55,7 +56,146 @@ std::optional<AttentionKind> ParseAttentionKind(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view KvGroupKindName(KvGroupKind kind) {
+  switch (kind) {
+    case KvGroupKind::kFull:
+      return "full";
+    case KvGroupKind::kLatent:
+      return "latent";
+    case KvGroupKind::kSlidingWindow:
+      return "sliding_window";
+    case KvGroupKind::kState:
+      return "state";
+  }
+  return "?";
+}
+
+std::optional<KvGroupKind> ParseKvGroupKind(std::string_view name) {
+  for (KvGroupKind k :
+       {KvGroupKind::kFull, KvGroupKind::kLatent, KvGroupKind::kSlidingWindow, KvGroupKind::kState})
+    if (name == KvGroupKindName(k)) return k;
+  return std::nullopt;
+}
+
+uint64_t KvLayoutGroup::bytes_per_token_layer() const {
+  const uint64_t es = DTypeBytes(dtype);
+  switch (kind) {
+    case KvGroupKind::kFull:
+    case KvGroupKind::kSlidingWindow:
+      return 2 * uint64_t{num_kv_heads} * head_dim * es;
+    case KvGroupKind::kLatent:
+      return uint64_t{head_dim} * es;
+    case KvGroupKind::kState:
+      return 0;
+  }
+  return 0;
+}
+
+uint32_t KvLayoutGroup::stored_tokens(uint32_t block_tokens) const {
+  if (kind == KvGroupKind::kState) return 0;
+  if (kind != KvGroupKind::kSlidingWindow || page_tokens == 0) return block_tokens;
+  // A resume at a block's end reads the window - 1 tokens before it, in whole engine pages.
+  const uint64_t pages = (uint64_t{window > 0 ? window - 1 : 0} + page_tokens - 1) / page_tokens;
+  return static_cast<uint32_t>(std::min<uint64_t>(block_tokens, pages * page_tokens));
+}
+
+uint64_t KvLayoutGroup::bytes_per_block(uint32_t block_tokens) const {
+  return uint64_t{num_layers} *
+         (uint64_t{stored_tokens(block_tokens)} * bytes_per_token_layer() + state_bytes);
+}
+
+uint64_t KvLayoutGroup::full_bytes_per_block(uint32_t block_tokens) const {
+  return uint64_t{num_layers} * (uint64_t{block_tokens} * bytes_per_token_layer() + state_bytes);
+}
+
+Status KvLayoutGroup::Validate(uint32_t block_tokens, const std::string& where) const {
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return Status::InvalidArgument(where + "." + field + ": " + why);
+  };
+  if (num_layers == 0 || num_layers > 4096)
+    return bad("num_layers", "must be in 1..4096, got " + std::to_string(num_layers));
+  if (DTypeBytes(dtype) == 0) return bad("dtype", "unknown dtype");
+  if (kind == KvGroupKind::kState) {
+    if (state_bytes == 0 || state_bytes > (uint64_t{1} << 30))
+      return bad("state_bytes", "must be in 1..1 GiB, got " + std::to_string(state_bytes));
+    return Status::Ok();
+  }
+  if (state_bytes != 0) return bad("state_bytes", "only a state group has one");
+  if (kind == KvGroupKind::kLatent && num_kv_heads != 1)
+    return bad("num_kv_heads", "a latent group keeps one latent per token: must be 1, got " +
+                                   std::to_string(num_kv_heads));
+  if (num_kv_heads == 0 || num_kv_heads > 1024)
+    return bad("num_kv_heads", "must be in 1..1024, got " + std::to_string(num_kv_heads));
+  if (head_dim == 0 || head_dim > 65536)
+    return bad("head_dim", "must be in 1..65536, got " + std::to_string(head_dim));
+  if (kind == KvGroupKind::kSlidingWindow) {
+    if (window == 0) return bad("window", "a sliding-window group needs its window (tokens)");
+    if (page_tokens == 0 || block_tokens % page_tokens != 0)
+      return bad("page_tokens", "must divide block_tokens " + std::to_string(block_tokens) +
+                                    ", got " + std::to_string(page_tokens));
+  } else if (window != 0) {
+    return bad("window", "only a sliding_window group has one");
+  }
+  return Status::Ok();
+}
+
+std::string KvLayoutGroup::ToString() const {
+  std::string s = std::string(KvGroupKindName(kind)) + " " + std::to_string(num_layers) + "L";
+  if (kind == KvGroupKind::kState) return s + " x " + FormatBytes(state_bytes);
+  s += " x " + std::to_string(num_kv_heads) + "H x " + std::to_string(head_dim) + "D " +
+       std::string(DTypeName(dtype));
+  if (kind == KvGroupKind::kSlidingWindow)
+    s +=
+        " window " + std::to_string(window) + " in " + std::to_string(page_tokens) + "-token pages";
+  return s;
+}
+
+bool operator==(const KvLayout& a, const KvLayout& b) {
+  if (a.grouped() || b.grouped()) return a.block_tokens == b.block_tokens && a.groups == b.groups;
+  return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.dtype == b.dtype && a.block_tokens == b.block_tokens &&
+         a.attention == b.attention;
+}
+
+uint64_t KvLayout::bytes_per_block() const {
+  if (!grouped()) return bytes_per_token() * block_tokens;
+  uint64_t sum = 0;
+  for (const KvLayoutGroup& g : groups) sum += g.bytes_per_block(block_tokens);
+  return sum;
+}
+
+uint64_t KvLayout::full_bytes_per_block() const {
+  if (!grouped()) return bytes_per_block();
+  uint64_t sum = 0;
+  for (const KvLayoutGroup& g : groups) sum += g.full_bytes_per_block(block_tokens);
+  return sum;
+}
+
+uint64_t KvLayout::group_offset(size_t g) const {
+  uint64_t off = 0;
+  for (size_t i = 0; i < g && i < groups.size(); ++i)
+    off += groups[i].bytes_per_block(block_tokens);
+  return off;
+}
+
 Status KvLayout::Validate() const {
+  if (grouped()) {
+    if (block_tokens == 0 || block_tokens > 4096)
+      return Status::InvalidArgument("layout.block_tokens: must be in 1..4096, got " +
+                                     std::to_string(block_tokens));
+    if (groups.size() > 64)
+      return Status::InvalidArgument("layout.groups: at most 64, got " +
+                                     std::to_string(groups.size()));
+    for (size_t i = 0; i < groups.size(); ++i)
+      KVTIER_RETURN_IF_ERROR(
+          groups[i].Validate(block_tokens, "layout.groups[" + std::to_string(i) + "]"));
+    if (bytes_per_block() == 0)
+      return Status::InvalidArgument("layout.groups: a block would store nothing");
+    if (bytes_per_block() > (uint64_t{4} << 30))
+      return Status::InvalidArgument("layout: a block of " + FormatBytes(bytes_per_block()) +
+                                     " exceeds the 4 GiB limit");
+    return Status::Ok();
+  }
   if (num_layers == 0 || num_layers > 4096)
     return Status::InvalidArgument("layout.num_layers: must be in 1..4096, got " +
                                    std::to_string(num_layers));
@@ -80,12 +220,34 @@ Status KvLayout::Validate() const {
 }
 
 uint64_t KvLayout::bytes_per_token() const {
+  if (grouped()) return block_tokens ? bytes_per_block() / block_tokens : 0;
   uint64_t per_layer = uint64_t{num_kv_heads} * head_dim * DTypeBytes(dtype);
   if (attention == AttentionKind::kMha) per_layer *= 2;  // K and V
   return per_layer * num_layers;
 }
 
 uint64_t KvLayout::fingerprint() const {
+  if (grouped()) {
+    // Its own encoding version: a grouped layout never shares keys with an ungrouped one.
+    std::vector<unsigned char> b;
+    auto put = [&](uint64_t v, int bytes) {
+      for (int i = 0; i < bytes; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
+    };
+    put(2, 1);
+    put(block_tokens, 4);
+    put(groups.size(), 4);
+    for (const KvLayoutGroup& g : groups) {
+      put(static_cast<uint8_t>(g.kind), 1);
+      put(g.num_layers, 4);
+      put(g.num_kv_heads, 4);
+      put(g.head_dim, 4);
+      put(static_cast<uint8_t>(g.dtype), 1);
+      put(g.window, 4);
+      put(g.page_tokens, 4);
+      put(g.state_bytes, 8);
+    }
+    return XXH3_64bits(b.data(), b.size());
+  }
   // Fixed little-endian encoding with a version byte: stable across builds and machines.
   unsigned char buf[32] = {};
   size_t n = 0;
@@ -103,6 +265,12 @@ uint64_t KvLayout::fingerprint() const {
 }
 
 std::string KvLayout::ToString() const {
+  if (grouped()) {
+    std::string s = "groups [";
+    for (size_t i = 0; i < groups.size(); ++i) s += (i ? "; " : "") + groups[i].ToString();
+    return s + "], " + std::to_string(block_tokens) + " tok/block, " +
+           FormatBytes(bytes_per_block()) + "/block";
+  }
   return std::to_string(num_layers) + "L x " + std::to_string(num_kv_heads) + "H x " +
          std::to_string(head_dim) + "D " + std::string(DTypeName(dtype)) + " " +
          std::string(AttentionKindName(attention)) + ", " + std::to_string(block_tokens) +

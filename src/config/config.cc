@@ -75,16 +75,96 @@ class Reader {
     return *v;
   }
 
+  Result<DType> DTypeOf(const YAML::Node& n, const std::string& path) const {
+    KVTIER_ASSIGN_OR_RETURN(std::string d, String(n, path));
+    auto dt = ParseDType(d);
+    if (!dt) return Error(n, path, "unknown dtype '" + d + "' (bf16, fp16, fp8, fp32)");
+    return *dt;
+  }
+
+  // A u32 key of map n, when present, into *out.
+  Status U32(const YAML::Node& n, const std::string& path, const char* key, uint32_t* out) const {
+    if (!n[key]) return Status::Ok();
+    KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(n[key], Join(path, key)));
+    if (v > UINT32_MAX) return Error(n[key], Join(path, key), "too large");
+    *out = static_cast<uint32_t>(v);
+    return Status::Ok();
+  }
+
+  // One entry of layout.groups (its kind's fields; num_kv_heads defaults to 1 for latent).
+  Result<KvLayoutGroup> Group(const YAML::Node& n, const std::string& path) const {
+    KVTIER_RETURN_IF_ERROR(CheckKeys(n, path,
+                                     {"kind", "num_layers", "num_kv_heads", "head_dim", "dtype",
+                                      "window", "page_tokens", "state_bytes"}));
+    KvLayoutGroup g;
+    if (!n["kind"]) return Error(n, Join(path, "kind"), "missing");
+    KVTIER_ASSIGN_OR_RETURN(std::string kind, String(n["kind"], Join(path, "kind")));
+    auto k = ParseKvGroupKind(kind);
+    if (!k)
+      return Error(n["kind"], Join(path, "kind"),
+                   "unknown kind '" + kind + "' (full, latent, sliding_window, state)");
+    g.kind = *k;
+    if (g.kind == KvGroupKind::kLatent) g.num_kv_heads = 1;
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "num_layers", &g.num_layers));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "num_kv_heads", &g.num_kv_heads));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "head_dim", &g.head_dim));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "window", &g.window));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "page_tokens", &g.page_tokens));
+    if (n["dtype"]) {
+      KVTIER_ASSIGN_OR_RETURN(g.dtype, DTypeOf(n["dtype"], Join(path, "dtype")));
+    }
+    if (n["state_bytes"]) {
+      KVTIER_ASSIGN_OR_RETURN(g.state_bytes, Size(n["state_bytes"], Join(path, "state_bytes")));
+    }
+    return g;
+  }
+
+  // layout.groups: a grouped layout, which has no top-level shape. Validate()'s errors
+  // ("layout.groups[1].window: ...") are said at the line of the group they name.
+  Result<KvLayout> GroupedLayout(const YAML::Node& n, const std::string& path,
+                                 uint32_t block_tokens) const {
+    for (const char* key :
+         {"preset", "num_layers", "num_kv_heads", "head_dim", "dtype", "attention"})
+      if (n[key])
+        return Error(n[key], Join(path, key),
+                     "not with groups (a grouped layout's shape is its groups')");
+    const YAML::Node& groups = n["groups"];
+    const std::string gpath = Join(path, "groups");
+    if (!groups.IsSequence() || groups.size() == 0)
+      return Error(groups, gpath, "want a non-empty list of groups");
+    KvLayout l;
+    l.block_tokens = block_tokens;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      KVTIER_ASSIGN_OR_RETURN(KvLayoutGroup g,
+                              Group(groups[i], gpath + "[" + std::to_string(i) + "]"));
+      l.groups.push_back(g);
+    }
+    Status v = l.Validate();
+    if (v.ok()) return l;
+    const std::string msg(v.message());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const std::string prefix = "layout.groups[" + std::to_string(i) + "].";
+      const size_t colon = msg.find(": ");
+      if (msg.starts_with(prefix) && colon != std::string::npos)
+        return Error(groups[i],
+                     gpath + "[" + std::to_string(i) + "]." +
+                         msg.substr(prefix.size(), colon - prefix.size()),
+                     msg.substr(colon + 2));
+    }
+    return Error(n, path, msg);
+  }
+
   Result<KvLayout> Layout(const YAML::Node& n, const std::string& path) const {
     KVTIER_RETURN_IF_ERROR(CheckKeys(n, path,
                                      {"preset", "num_layers", "num_kv_heads", "head_dim", "dtype",
-                                      "block_tokens", "attention"}));
-    KvLayout l;
+                                      "block_tokens", "attention", "groups"}));
     uint32_t block_tokens = 64;
     if (n["block_tokens"]) {
       KVTIER_ASSIGN_OR_RETURN(uint64_t bt, Uint(n["block_tokens"], Join(path, "block_tokens")));
       block_tokens = static_cast<uint32_t>(bt);
     }
+    if (n["groups"]) return GroupedLayout(n, path, block_tokens);
+    KvLayout l;
     if (n["preset"]) {
       KVTIER_ASSIGN_OR_RETURN(std::string p, String(n["preset"], Join(path, "preset")));
       auto preset = LayoutPreset(p, block_tokens);
@@ -92,23 +172,11 @@ class Reader {
       l = *preset;
     }
     l.block_tokens = block_tokens;
-    auto u32 = [&](const char* key, uint32_t* out) -> Status {
-      if (!n[key]) return Status::Ok();
-      KVTIER_ASSIGN_OR_RETURN(uint64_t v, Uint(n[key], Join(path, key)));
-      if (v > UINT32_MAX) return Error(n[key], Join(path, key), "too large");
-      *out = static_cast<uint32_t>(v);
-      return Status::Ok();
-    };
-    KVTIER_RETURN_IF_ERROR(u32("num_layers", &l.num_layers));
-    KVTIER_RETURN_IF_ERROR(u32("num_kv_heads", &l.num_kv_heads));
-    KVTIER_RETURN_IF_ERROR(u32("head_dim", &l.head_dim));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "num_layers", &l.num_layers));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "num_kv_heads", &l.num_kv_heads));
+    KVTIER_RETURN_IF_ERROR(U32(n, path, "head_dim", &l.head_dim));
     if (n["dtype"]) {
-      KVTIER_ASSIGN_OR_RETURN(std::string d, String(n["dtype"], Join(path, "dtype")));
-      auto dt = ParseDType(d);
-      if (!dt)
-        return Error(n["dtype"], Join(path, "dtype"),
-                     "unknown dtype '" + d + "' (bf16, fp16, fp8, fp32)");
-      l.dtype = *dt;
+      KVTIER_ASSIGN_OR_RETURN(l.dtype, DTypeOf(n["dtype"], Join(path, "dtype")));
     }
     if (n["attention"]) {
       KVTIER_ASSIGN_OR_RETURN(std::string a, String(n["attention"], Join(path, "attention")));
@@ -324,7 +392,12 @@ class Reader {
 
 }  // namespace
 
-Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_view source) {
+namespace {
+
+// Loads `text` and runs read(root) on it; a YAML error in either names `source` and the line.
+template <typename Read>
+auto ReadYaml(std::string_view text, std::string_view source, Read read)
+    -> decltype(read(YAML::Node{})) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -333,11 +406,27 @@ Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_vi
                                    ": not valid YAML: " + e.msg);
   }
   try {
-    return Reader(std::string(source)).Options(root);
+    return read(root);
   } catch (const YAML::Exception& e) {
     return Status::InvalidArgument(std::string(source) + ":" + std::to_string(e.mark.line + 1) +
                                    ": " + e.msg);
   }
+}
+
+}  // namespace
+
+Result<CacheOptions> ParseCacheOptionsYaml(std::string_view text, std::string_view source) {
+  return ReadYaml(text, source, [&](const YAML::Node& root) {
+    return Reader(std::string(source)).Options(root);
+  });
+}
+
+Result<KvLayout> ParseLayoutYaml(std::string_view text, std::string_view source) {
+  return ReadYaml(text, source, [&](const YAML::Node& root) {
+    // The mapping itself, or a document holding it under `layout:`.
+    const bool wrapped = root.IsMap() && root.size() == 1 && root["layout"];
+    return Reader(std::string(source)).Layout(wrapped ? root["layout"] : root, "layout");
+  });
 }
 
 Result<std::string> ReadConfigFile(const std::string& path) {

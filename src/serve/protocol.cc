@@ -119,17 +119,41 @@ void EncodeLayout(const KvLayout& l, Writer* w) {
   w->U8(static_cast<uint8_t>(l.dtype));
   w->U32(l.block_tokens);
   w->U8(static_cast<uint8_t>(l.attention));
+  w->U32(static_cast<uint32_t>(l.groups.size()));
+  for (const KvLayoutGroup& g : l.groups) {
+    w->U8(static_cast<uint8_t>(g.kind));
+    w->U32(g.num_layers);
+    w->U32(g.num_kv_heads);
+    w->U32(g.head_dim);
+    w->U8(static_cast<uint8_t>(g.dtype));
+    w->U32(g.window);
+    w->U32(g.page_tokens);
+    w->U64(g.state_bytes);
+  }
 }
 
+// False on a short payload, an unknown enum value or more than 64 groups (Validate's bound).
 bool DecodeLayout(Reader* r, KvLayout* l) {
   uint8_t dtype = 0, att = 0;
+  uint32_t groups = 0;
   if (!r->U32(&l->num_layers) || !r->U32(&l->num_kv_heads) || !r->U32(&l->head_dim) ||
-      !r->U8(&dtype) || !r->U32(&l->block_tokens) || !r->U8(&att))
-    return false;
-  if (dtype > static_cast<uint8_t>(DType::kFp32) || att > static_cast<uint8_t>(AttentionKind::kMla))
+      !r->U8(&dtype) || !r->U32(&l->block_tokens) || !r->U8(&att) || !r->U32(&groups) ||
+      dtype > static_cast<uint8_t>(DType::kFp32) ||
+      att > static_cast<uint8_t>(AttentionKind::kMla) || groups > 64)
     return false;
   l->dtype = static_cast<DType>(dtype);
   l->attention = static_cast<AttentionKind>(att);
+  l->groups.assign(groups, KvLayoutGroup{});
+  for (KvLayoutGroup& g : l->groups) {
+    uint8_t kind = 0, gdtype = 0;
+    if (!r->U8(&kind) || !r->U32(&g.num_layers) || !r->U32(&g.num_kv_heads) ||
+        !r->U32(&g.head_dim) || !r->U8(&gdtype) || !r->U32(&g.window) || !r->U32(&g.page_tokens) ||
+        !r->U64(&g.state_bytes) || kind > static_cast<uint8_t>(KvGroupKind::kState) ||
+        gdtype > static_cast<uint8_t>(DType::kFp32))
+      return false;
+    g.kind = static_cast<KvGroupKind>(kind);
+    g.dtype = static_cast<DType>(gdtype);
+  }
   return true;
 }
 
@@ -197,12 +221,16 @@ Status DecodeHello(std::span<const std::byte> in, Hello* m) {
   // The version first and alone: a peer of another version may lay out the rest differently.
   if (!r.U32(&m->version)) return Status::InvalidArgument("hello: truncated");
   if (m->version != kProtocolVersion) return Status::Ok();
-  DecodeLayout(&r, &m->layout);
-  // No shape (no layers, heads or head size): an operator hello, which doc/protocol.md
+  if (!DecodeLayout(&r, &m->layout))
+    return Status::InvalidArgument(
+        r.ok() ? "hello: layout: unknown dtype, attention or group kind, or more than 64 groups"
+               : "hello: truncated or malformed payload");
+  // No shape (no layers, heads, head size or groups): an operator hello, which doc/protocol.md
   // documents as an all-zero layout. It stands for KvLayout{}, whose block_tokens (64) the
   // wire's zeros need not repeat: the daemon compared against KvLayout{} and refused them.
   const KvLayout& l = m->layout;
-  if (l.num_layers == 0 && l.num_kv_heads == 0 && l.head_dim == 0) m->layout = KvLayout{};
+  if (l.num_layers == 0 && l.num_kv_heads == 0 && l.head_dim == 0 && l.groups.empty())
+    m->layout = KvLayout{};
   r.Str(&m->model_id);
   r.Str(&m->model_revision);
   r.Str(&m->tenant);

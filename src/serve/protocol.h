@@ -29,7 +29,8 @@ namespace kvtier::serve {
 // 2: lookup and load replies carry each block's checksum (the client verifies what it reads);
 //    reserve carries the storing request's session id.
 // 3: declined (the engine's planner recomputed hit blocks rather than load them).
-inline constexpr uint32_t kProtocolVersion = 4;
+// 5: hello's layout carries its groups (grouped layouts: hybrid, sliding-window, MLA).
+inline constexpr uint32_t kProtocolVersion = 5;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayload = 32u << 20;

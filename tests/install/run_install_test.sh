@@ -15,9 +15,9 @@ cmake -S "$src/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
 cmake --build "$work/build" -j2 >/dev/null
 "$work/build/consumer"
 
-lib=$(ls "$work"/prefix/lib*/libkvtier.so.1)
+lib=$(ls "$work"/prefix/lib*/libkvtier.so.2)
 soname=$(objdump -p "$lib" | awk '/SONAME/ {print $2}')
-[ "$soname" = "libkvtier.so.1" ] || { echo "libkvtier.so: SONAME is '$soname'" >&2; exit 1; }
+[ "$soname" = "libkvtier.so.2" ] || { echo "libkvtier.so: SONAME is '$soname'" >&2; exit 1; }
 foreign=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVW]$/ && $3 !~ /^kvtier_/ {print $3}')
 [ -z "$foreign" ] || { echo "libkvtier.so exports non-kvtier_ symbols: $foreign" >&2; exit 1; }
 
@@ -41,4 +41,24 @@ for _ in $(seq 100); do [ -S "$work/kv.sock" ] && break; sleep 0.1; done
 LD_LIBRARY_PATH="$(dirname "$lib")" "$work/cbuild/c_consumer" --daemon "$work/kv.sock"
 kill -TERM "$daemon"
 wait "$daemon" || { echo "kvtier serve did not exit 0 on SIGTERM:" >&2; cat "$work/serve.log" >&2; exit 1; }
+daemon=""
+
+# A grouped layout (doc/config.md), declared by the C program through layout_yaml.
+cat >"$work/grouped.yaml" <<YAML
+model_id: c-consumer
+layout:
+  block_tokens: 16
+  groups:
+    - {kind: sliding_window, num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16, window: 8, page_tokens: 4}
+    - {kind: full, num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16}
+tiers: [{kind: host, capacity: 1MiB}]
+YAML
+"$work/prefix/bin/kvtier" serve --config "$work/grouped.yaml" --socket "$work/kvg.sock" \
+  >"$work/grouped.log" 2>&1 &
+daemon=$!
+for _ in $(seq 100); do [ -S "$work/kvg.sock" ] && break; sleep 0.1; done
+[ -S "$work/kvg.sock" ] || { echo "kvtier serve did not start:" >&2; cat "$work/grouped.log" >&2; exit 1; }
+LD_LIBRARY_PATH="$(dirname "$lib")" "$work/cbuild/c_consumer" --grouped-daemon "$work/kvg.sock"
+kill -TERM "$daemon"
+wait "$daemon" || { echo "kvtier serve did not exit 0 on SIGTERM:" >&2; cat "$work/grouped.log" >&2; exit 1; }
 daemon=""

@@ -15,6 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon_harness.h"
+#include "kvtier/client.h"
+#include "kvtier/config.h"
+#include "serve_util.h"
 #include "testing/test_util.h"
 
 namespace kvtier::testing {
@@ -89,6 +92,64 @@ TEST(ServeOpsTest, BadMetricsAddressRefusesTheStartNamingIt) {
   Daemon f(dir.path(), Config());
   EXPECT_FALSE(f.Start({"--metrics-addr", "99999"}).ok());
   EXPECT_NE(f.Log().find("metrics_addr: '99999'"), std::string::npos) << f.Log();
+}
+
+// A grouped layout (doc/config.md): a sliding window of `window` tokens in 4-token pages beside
+// a full group, 16-token blocks.
+std::string GroupedLayoutYaml(uint32_t window) {
+  return "block_tokens: 16\ngroups:\n"
+         "  - {kind: sliding_window, num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp32, "
+         "window: " +
+         std::to_string(window) +
+         ", page_tokens: 4}\n"
+         "  - {kind: full, num_layers: 2, num_kv_heads: 2, head_dim: 8, dtype: fp32}\n";
+}
+
+std::string IndentBy(const std::string& text, const std::string& pad) {
+  std::string out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out += pad + line + "\n";
+  return out;
+}
+
+// Protocol 5 carries a grouped layout: a client declaring the daemon's groups stores and loads
+// through it; one whose sliding window differs is refused, the message naming both layouts.
+TEST(ServeOpsTest, GroupedLayoutClientIsServedOrRefusedNamingBothLayouts) {
+  TempDir dir;
+  const std::string yaml = "model_id: test\nlayout:\n" + IndentBy(GroupedLayoutYaml(8), "  ") +
+                           "tiers:\n  - {kind: host, capacity: 1MiB, params: {prefault: false}}\n"
+                           "serve:\n  lease_ms: 30000\n";
+  Daemon d(dir.path(), yaml);
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto mine = ParseLayoutYaml(GroupedLayoutYaml(8), "client");
+  auto other = ParseLayoutYaml(GroupedLayoutYaml(12), "client");
+  ASSERT_TRUE(mine.ok() && other.ok()) << mine.status().ToString() << other.status().ToString();
+  auto good = Client::Open(Opts(d, "", "", *mine));
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  ASSERT_TRUE((*good)->connected());
+  EXPECT_EQ(StoreChain(**good, 3, 4).stored_blocks, 4u);
+  EXPECT_EQ(LoadChain(**good, 3, 4), 4);
+  auto bad = Client::Open(Opts(d, "", "", *other));
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(bad.status().message());
+  EXPECT_NE(msg.find("layout mismatch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(other->ToString()), std::string::npos) << msg;
+  EXPECT_NE(msg.find(mine->ToString()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("window 12 in 4-token pages"), std::string::npos) << msg;
+}
+
+// A peer of the previous protocol is refused by version, the message naming both.
+TEST(ServeOpsTest, PreviousProtocolVersionIsRefusedNamingBoth) {
+  static_assert(serve::kProtocolVersion == 5);
+  TempDir dir;
+  Daemon d(dir.path(), Config());
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  Raw raw(d.socket());
+  const Status s = raw.Hello(4);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the client speaks version 4, this daemon speaks version 5"),
+            std::string::npos)
+      << s.message();
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "config/tier_params.h"
 #include "testing/test_util.h"
@@ -90,6 +92,64 @@ TEST(ConfigTest, ErrorsNameFileLineAndKey) {
   ExpectError("layout: {preset: llama-3.1-8b}\ntiers: [{kind: host, capacity: 1KiB}]\n",
               "tiers[0].capacity_bytes");
   ExpectError("layout: [unclosed\n", "bad.yaml:");
+}
+
+// doc/config.md's grouped layout, with a host tier of 8 of its blocks.
+const char* kGroupedYaml = R"(model_id: hybrid
+layout:
+  block_tokens: 128
+  groups:
+    - {kind: sliding_window, num_layers: 2, num_kv_heads: 2, head_dim: 64, dtype: fp32, window: 32, page_tokens: 32}
+    - {kind: full, num_layers: 2, num_kv_heads: 2, head_dim: 64, dtype: fp32}
+    - {kind: latent, num_layers: 4, head_dim: 576, dtype: bf16}
+    - {kind: state, num_layers: 3, state_bytes: 65536, dtype: fp32}
+tiers: [{kind: host, capacity: 16MiB}]
+)";
+
+TEST(ConfigTest, GroupedLayout) {
+  auto o = ParseCacheOptionsYaml(kGroupedYaml, "hybrid.yaml");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  const KvLayout& l = o->layout;
+  ASSERT_EQ(l.groups.size(), 4u);
+  EXPECT_EQ(l.block_tokens, 128u);
+  const KvLayoutGroup swa{KvGroupKind::kSlidingWindow, 2, 2, 64, DType::kFp32, 32, 32, 0};
+  const KvLayoutGroup full{KvGroupKind::kFull, 2, 2, 64, DType::kFp32, 0, 0, 0};
+  const KvLayoutGroup latent{KvGroupKind::kLatent, 4, 1, 576, DType::kBf16, 0, 0, 0};  // 1 head
+  const KvLayoutGroup state{KvGroupKind::kState, 3, 0, 0, DType::kFp32, 0, 0, 65536};
+  EXPECT_EQ(l.groups[0], swa);
+  EXPECT_EQ(l.groups[1], full);
+  EXPECT_EQ(l.groups[2], latent);
+  EXPECT_EQ(l.groups[3], state);
+  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824 + 196608);
+  // The same mapping alone, as the C API's layout_yaml takes it.
+  auto only = ParseLayoutYaml(
+      "block_tokens: 128\ngroups:\n  - {kind: full, num_layers: 2, num_kv_heads: 2, "
+      "head_dim: 64, dtype: fp32}\n",
+      "layout_yaml");
+  ASSERT_TRUE(only.ok()) << only.status().ToString();
+  EXPECT_EQ(only->groups, std::vector<KvLayoutGroup>{full});
+  auto cache = Cache::Open(*o);
+  EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+}
+
+TEST(ConfigTest, GroupedLayoutErrorsNameFileLineAndKey) {
+  const std::string tiers = "tiers: [{kind: host, capacity: 1GiB}]\n";
+  const std::string full = "{kind: full, num_layers: 2, num_kv_heads: 2, head_dim: 64}";
+  ExpectError("layout:\n  num_layers: 2\n  groups:\n    - " + full + "\n" + tiers,
+              "bad.yaml:2: layout.num_layers: not with groups");
+  ExpectError("layout:\n  groups: [" + full + "]\n  preset: llama-3.1-8b\n" + tiers,
+              "bad.yaml:3: layout.preset: not with groups");
+  ExpectError("layout:\n  groups:\n    - {kind: global, num_layers: 2}\n" + tiers,
+              "bad.yaml:3: layout.groups[0].kind: unknown kind 'global' (full, latent, "
+              "sliding_window, state)");
+  ExpectError("layout:\n  groups:\n    - {kind: full, num_layers: 2, heads: 2}\n" + tiers,
+              "bad.yaml:3: layout.groups[0].heads: unknown key");
+  ExpectError("layout:\n  groups:\n    - " + full +
+                  "\n    - {kind: sliding_window, num_layers: 2, num_kv_heads: 2, head_dim: 64, "
+                  "window: 32, page_tokens: 48}\n" +
+                  tiers,
+              "bad.yaml:4: layout.groups[1].page_tokens: must divide block_tokens 64");
+  ExpectError("layout: {groups: []}\n" + tiers, "layout.groups: want a non-empty list");
 }
 
 TEST(ConfigTest, AdmissionRulesAndTheirOlderKindForms) {

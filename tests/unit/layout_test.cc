@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+
 namespace kvtier {
 namespace {
 
@@ -49,6 +52,123 @@ TEST(LayoutTest, LayerOffsets) {
   KvLayout l = *LayoutPreset("llama-3.1-8b");
   EXPECT_EQ(l.layer_bytes() * l.num_layers, l.bytes_per_block());
   EXPECT_EQ(l.v_offset_in_layer(), 64u * 8 * 128 * 2);
+}
+
+// The grouped layout of doc/config.md's example: 128-token blocks of a sliding window (32
+// tokens in 32-token pages), a full group, an MLA latent group and a state group.
+KvLayout HybridLayout() {
+  KvLayout l;
+  l.block_tokens = 128;
+  KvLayoutGroup swa{KvGroupKind::kSlidingWindow, 2, 2, 64, DType::kFp32, 32, 32, 0};
+  KvLayoutGroup full{KvGroupKind::kFull, 2, 2, 64, DType::kFp32, 0, 0, 0};
+  KvLayoutGroup latent{KvGroupKind::kLatent, 4, 1, 576, DType::kBf16, 0, 0, 0};
+  KvLayoutGroup state{KvGroupKind::kState, 3, 0, 0, DType::kFp32, 0, 0, 65536};
+  l.groups = {swa, full, latent, state};
+  return l;
+}
+
+TEST(LayoutTest, GroupedBytesPerBlockKeepWhatEachGroupNeeds) {
+  const KvLayout l = HybridLayout();
+  ASSERT_TRUE(l.Validate().ok()) << l.Validate().message();
+  // 2 layers x 2 heads x 64 dims x fp32, K and V: 1 KiB per token per layer.
+  EXPECT_EQ(l.groups[0].stored_tokens(128), 32u);  // window - 1 = 31 tokens: one 32-token page
+  EXPECT_EQ(l.groups[0].bytes_per_block(128), 2u * 32 * 1024);
+  KvLayoutGroup wide = l.groups[0];
+  wide.window = 100;  // 99 tokens: four pages, 128 tokens, all of the block
+  EXPECT_EQ(wide.stored_tokens(128), 128u);
+  wide.window = 1000;  // capped at the block
+  EXPECT_EQ(wide.stored_tokens(128), 128u);
+  EXPECT_EQ(wide.bytes_per_block(128), 2u * 128 * 1024);
+  EXPECT_EQ(l.groups[1].bytes_per_block(128), 2u * 128 * 1024);
+  EXPECT_EQ(l.groups[2].bytes_per_block(128), 4u * 128 * 576 * 2);  // head_dim x es per token
+  EXPECT_EQ(l.groups[3].bytes_per_block(128), 3u * 65536);          // state_bytes per layer
+  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824 + 196608);
+  EXPECT_EQ(l.full_bytes_per_block(), 262144u + 262144 + 589824 + 196608);
+  EXPECT_EQ(l.bytes_per_token(), l.bytes_per_block() / 128);
+  EXPECT_EQ(l.layer_bytes(), 0u);
+  EXPECT_EQ(l.group_offset(0), 0u);
+  EXPECT_EQ(l.group_offset(1), 65536u);
+  EXPECT_EQ(l.group_offset(2), 65536u + 262144);
+  EXPECT_EQ(l.group_offset(3), 65536u + 262144 + 589824);
+  EXPECT_EQ(l.group_offset(4), l.bytes_per_block());
+}
+
+TEST(LayoutTest, GroupedFingerprintCoversEveryGroupField) {
+  const KvLayout base = HybridLayout();
+  const auto differs = [&](auto&& change) {
+    KvLayout l = base;
+    change(l);
+    return l.fingerprint() != base.fingerprint();
+  };
+  EXPECT_TRUE(differs([](KvLayout& l) { l.block_tokens = 64; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[1].kind = KvGroupKind::kSlidingWindow; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[1].num_layers = 3; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[1].num_kv_heads = 4; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[1].head_dim = 128; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[1].dtype = DType::kBf16; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[0].window = 64; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[0].page_tokens = 16; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups[3].state_bytes = 4096; }));
+  EXPECT_TRUE(differs([](KvLayout& l) { std::swap(l.groups[0], l.groups[1]); }));
+  EXPECT_TRUE(differs([](KvLayout& l) { l.groups.pop_back(); }));
+  // The unused top-level fields do not count, as in operator==.
+  EXPECT_FALSE(differs([](KvLayout& l) { l.num_layers = 7; }));
+  // One full group is not the ungrouped layout of the same shape.
+  KvLayout flat;
+  flat.num_layers = 2;
+  flat.num_kv_heads = 2;
+  flat.head_dim = 64;
+  flat.dtype = DType::kFp32;
+  flat.block_tokens = 128;
+  KvLayout one;
+  one.block_tokens = 128;
+  one.groups = {base.groups[1]};
+  EXPECT_EQ(one.bytes_per_block(), flat.bytes_per_block());
+  EXPECT_NE(one.fingerprint(), flat.fingerprint());
+  EXPECT_FALSE(one == flat);
+}
+
+TEST(LayoutTest, GroupedValidateNamesTheGroupAndField) {
+  const auto error = [](auto&& change) {
+    KvLayout l = HybridLayout();
+    change(l);
+    return std::string(l.Validate().message());
+  };
+  EXPECT_NE(
+      error([](KvLayout& l) { l.groups[0].page_tokens = 48; }).find("layout.groups[0].page_tokens"),
+      std::string::npos);
+  EXPECT_NE(error([](KvLayout& l) { l.groups[0].window = 0; }).find("layout.groups[0].window"),
+            std::string::npos);
+  EXPECT_NE(error([](KvLayout& l) { l.groups[1].window = 8; }).find("layout.groups[1].window"),
+            std::string::npos);
+  EXPECT_NE(error([](KvLayout& l) {
+              l.groups[2].num_kv_heads = 2;
+            }).find("layout.groups[2].num_kv_heads"),
+            std::string::npos);
+  EXPECT_NE(
+      error([](KvLayout& l) { l.groups[3].state_bytes = 0; }).find("layout.groups[3].state_bytes"),
+      std::string::npos);
+  EXPECT_NE(
+      error([](KvLayout& l) { l.groups[1].num_layers = 0; }).find("layout.groups[1].num_layers"),
+      std::string::npos);
+}
+
+TEST(LayoutTest, GroupedEqualityIgnoresTheTopLevelShape) {
+  KvLayout a = HybridLayout();
+  KvLayout b = a;
+  b.num_layers = 32;
+  b.num_kv_heads = 8;
+  b.head_dim = 128;
+  b.dtype = DType::kFp8;
+  b.attention = AttentionKind::kMla;
+  EXPECT_TRUE(a == b);
+  b.block_tokens = 64;
+  EXPECT_FALSE(a == b);
+  b = a;
+  b.groups[0].window = 64;
+  EXPECT_FALSE(a == b);
+  EXPECT_NE(a.ToString(), b.ToString());  // a refusal names the difference
+  EXPECT_NE(a.ToString().find("window 32 in 32-token pages"), std::string::npos) << a.ToString();
 }
 
 TEST(LayoutTest, ParseByteSize) {

@@ -1,12 +1,16 @@
 // The daemon's wire protocol (src/serve/protocol.cc): what a hello and a stats reply decode to.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "serve/protocol.h"
 
 namespace kvtier::serve {
 namespace {
 
-// A hello payload with the layout's fields as given (six fields, as on the wire).
+// A hello payload with the layout's fields as given (six fields and no groups, as on the wire).
 std::vector<std::byte> HelloPayload(uint32_t layers, uint32_t heads, uint32_t dim, uint8_t dtype,
                                     uint32_t block_tokens, uint8_t attention) {
   Writer w;
@@ -17,8 +21,86 @@ std::vector<std::byte> HelloPayload(uint32_t layers, uint32_t heads, uint32_t di
   w.U8(dtype);
   w.U32(block_tokens);
   w.U8(attention);
+  w.U32(0);                               // groups (protocol 5)
   for (int i = 0; i < 5; ++i) w.Str("");  // model id, revision, tenant, LoRA, token
   return w.buffer();
+}
+
+// Protocol 5: a hello carries a grouped layout's groups, every field of each.
+Hello GroupedHello() {
+  Hello h;
+  h.layout.block_tokens = 128;
+  h.layout.groups = {
+      {KvGroupKind::kSlidingWindow, 2, 2, 64, DType::kFp32, 32, 32, 0},
+      {KvGroupKind::kFull, 2, 2, 64, DType::kFp16, 0, 0, 0},
+      {KvGroupKind::kLatent, 4, 1, 576, DType::kBf16, 0, 0, 0},
+      {KvGroupKind::kState, 3, 0, 0, DType::kFp8, 0, 0, (uint64_t{1} << 32) + 5},  // all 8 bytes
+  };
+  h.model_id = "hybrid";
+  h.tenant = "t";
+  return h;
+}
+
+TEST(ServeProtocolTest, HelloRoundTripsAGroupedLayout) {
+  const Hello h = GroupedHello();
+  Writer w;
+  EncodeHello(h, &w);
+  Hello out;
+  ASSERT_TRUE(DecodeHello(w.buffer(), &out).ok());
+  EXPECT_EQ(out.version, kProtocolVersion);
+  EXPECT_EQ(out.layout.groups, h.layout.groups);
+  EXPECT_EQ(out.layout, h.layout);
+  EXPECT_EQ(out.layout.fingerprint(), h.layout.fingerprint());
+  EXPECT_EQ(out.model_id, "hybrid");
+  EXPECT_EQ(out.tenant, "t");
+  // A grouped layout has no top-level shape but is no operator hello.
+  EXPECT_FALSE(out.layout == KvLayout{});
+}
+
+TEST(ServeProtocolTest, HelloWithTooManyGroupsOrABadKindIsADecodeError) {
+  // The group count sits after the six layout fields: version, 3 x u32, u8, u32, u8.
+  constexpr size_t kCountAt = 4 + 12 + 1 + 4 + 1;
+  constexpr size_t kFirstKindAt = kCountAt + 4;
+  Writer w;
+  EncodeHello(GroupedHello(), &w);
+  std::vector<std::byte> bytes = w.buffer();
+  ASSERT_EQ(bytes.at(kCountAt), std::byte{4});
+  ASSERT_EQ(bytes.at(kFirstKindAt), std::byte{static_cast<uint8_t>(KvGroupKind::kSlidingWindow)});
+  {
+    std::vector<std::byte> b = bytes;
+    b[kCountAt] = std::byte{65};
+    Hello out;
+    EXPECT_EQ(DecodeHello(b, &out).code(), StatusCode::kInvalidArgument);
+  }
+  {
+    // 65 well-formed groups: refused by count, not by running short.
+    Hello h = GroupedHello();
+    h.layout.groups.assign(65, h.layout.groups[1]);
+    Writer many;
+    EncodeHello(h, &many);
+    Hello out;
+    const Status st = DecodeHello(many.buffer(), &out);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("64 groups"), std::string::npos) << st.message();
+    h.layout.groups.resize(64);
+    Writer most;
+    EncodeHello(h, &most);
+    EXPECT_TRUE(DecodeHello(most.buffer(), &out).ok());
+  }
+  {
+    std::vector<std::byte> b = bytes;
+    b[kFirstKindAt] = std::byte{4};  // one past kState
+    Hello out;
+    const Status st = DecodeHello(b, &out);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("group kind"), std::string::npos) << st.message();
+  }
+  {
+    std::vector<std::byte> b = bytes;
+    b[kFirstKindAt + 13] = std::byte{9};  // the first group's dtype: kind, 3 x u32, then dtype
+    Hello out;
+    EXPECT_EQ(DecodeHello(b, &out).code(), StatusCode::kInvalidArgument);
+  }
 }
 
 // Issue 27 item 6: doc/protocol.md says a hello whose layout is all zero is an operator

@@ -28,6 +28,42 @@ MODELS = {
 }
 
 
+# Random-weight models of the other attention kinds (issue 34's families), the test model's size:
+#   mla:    DeepSeek-V2-style MLA (a 512 + 64 latent, the only width vLLM's CPU MLA kernels take)
+#   swa:    Mistral with a 32-token sliding window on every layer (one sliding-window group)
+#   gemma2: Gemma 2, sliding-window and full-attention layers alternating (two groups)
+FAMILY_COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                     num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=4096,
+                     tie_word_embeddings=False)
+
+
+def _family_model(family: str):
+    from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, Gemma2Config,
+                              Gemma2ForCausalLM, MistralConfig, MistralForCausalLM)
+
+    c = dict(FAMILY_COMMON)
+    if family == "mla":
+        # Dense MLP layers only (first_k_dense_replace = all): no MoE kernel in the way.
+        return DeepseekV2ForCausalLM(DeepseekV2Config(
+            num_key_value_heads=4, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+            qk_nope_head_dim=64, v_head_dim=64, first_k_dense_replace=4, n_routed_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=128, n_shared_experts=1, **c))
+    if family == "swa":
+        return MistralForCausalLM(MistralConfig(num_key_value_heads=2, head_dim=64,
+                                                sliding_window=32, **c))
+    if family == "gemma2":
+        # vLLM's Gemma 2 ties the output to the embedding; no soft-capping, so the random
+        # logits stay peaked.
+        c["tie_word_embeddings"] = True
+        return Gemma2ForCausalLM(Gemma2Config(
+            num_key_value_heads=2, head_dim=64, sliding_window=32, query_pre_attn_scalar=64,
+            final_logit_softcapping=None, attn_logit_softcapping=None, **c))
+    raise ValueError(f"unknown model family {family!r} (known: {', '.join(FAMILIES)})")
+
+
+FAMILIES = ("mla", "swa", "gemma2")
+
+
 def configure_env() -> None:
     """Before vLLM is imported: no hub, a small KV space, no thread pinning on a shared machine,
     transparent huge pages, and the engine core in this process."""
@@ -52,16 +88,27 @@ def make_model(path: str, preset: str = "test") -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(1234)
-    cfg = LlamaConfig(vocab_size=VOCAB, torch_dtype="float32", tie_word_embeddings=False,
-                      **MODELS[preset])
-    model = LlamaForCausalLM(cfg)
+    if preset in FAMILIES:
+        model = _family_model(preset)
+    else:
+        cfg = LlamaConfig(vocab_size=VOCAB, torch_dtype="float32", tie_word_embeddings=False,
+                          **MODELS[preset])
+        model = LlamaForCausalLM(cfg)
     # Larger weights than the default init give peaked logits, so greedy tokens are robust.
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+        if preset == "mla":
+            # Its attention runs in bf16 (vLLM's AMX MLA kernels): wide logit gaps keep greedy
+            # tokens the same whether a prefix is computed or loaded.
+            model.lm_head.weight.normal_(0.0, 0.5)
+        if preset == "gemma2":
+            # Gemma scales the (tied) embedding by sqrt(hidden): a small one keeps the output
+            # from copying its input token.
+            model.model.embed_tokens.weight.normal_(0.0, 0.003)
     model.to(torch.float32).save_pretrained(path, safe_serialization=True)
-    return dict(MODELS[preset])
+    return dict(MODELS.get(preset, FAMILY_COMMON))
 
 
 def model_layout(path: str) -> dict:
@@ -106,11 +153,14 @@ def make_llm(spec: dict):
     Returns (llm, seconds the start took)."""
     from vllm import LLM
 
-    kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-              block_size=BLOCK_SIZE, max_model_len=spec.get("max_model_len", 4096),
+    kw = dict(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
+              dtype=spec.get("dtype", "float32"), block_size=spec.get("block_size", BLOCK_SIZE),
+              max_model_len=spec.get("max_model_len", 4096),
               max_num_seqs=8, enable_prefix_caching=spec["prefix_caching"],
-              disable_log_stats=False, seed=0, disable_hybrid_kv_cache_manager=True,
+              disable_log_stats=False, seed=0,
               distributed_executor_backend=spec.get("executor", "uni"))
+    if spec.get("attention_backend"):  # e.g. CPU_MLA: vLLM's reference MLA (fp32, block 16)
+        kw["attention_config"] = {"backend": spec["attention_backend"]}
     if spec.get("async_scheduling") is not None:
         kw["async_scheduling"] = spec["async_scheduling"]
     # A small KV space, so vLLM evicts what it cached (gpu_blocks: the vLLM tests' name).

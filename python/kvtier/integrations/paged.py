@@ -8,8 +8,11 @@ scatter_pages) for any number of blocks, with the GIL released. The layout of th
 found from their shapes; an unknown one is refused with a ValueError naming it.
 
 Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
-  "fused": [N, H, P, 2*D]   vLLM CPU after mid-2026: per head, P rows of K then P rows of V
-  "split": [2, N, H, P, D]  vLLM CPU before it
+  "fused":  [N, H, P, 2*D]   vLLM CPU after mid-2026: per head, P rows of K then P rows of V
+  "split":  [2, N, H, P, D]  vLLM CPU before it
+  "latent": [N, 1, P, D]     MLA: one latent per token
+A grouped layout (hybrid models) has one PagedKv per group (`group`), each copying its group's
+kept pages at the group's offset in the block; GroupedPaged holds them all.
 Thread-safety: none; one PagedKv per worker.
 """
 
@@ -33,21 +36,35 @@ def layer_order(names) -> list[str]:
     return sorted(names, key=key)
 
 
+def group_shape(layout: kvtier.KvLayout, group: int) -> tuple[str, int, int, int, str]:
+    """(kind, layers, kv heads, head_dim, dtype) of a layout's group (-1: ungrouped)."""
+    if group < 0:
+        kind = "latent" if layout.attention == "mla" else "full"
+        return kind, layout.num_layers, layout.num_kv_heads, layout.head_dim, layout.dtype
+    g = layout.groups[group]
+    return g.kind, g.num_layers, g.num_kv_heads, g.head_dim, g.dtype
+
+
 class PagedKv:
     def __init__(self, layers: list[torch.Tensor], layout: kvtier.KvLayout, page_tokens: int,
-                 names: list[str] | None = None):
+                 names: list[str] | None = None, group: int = -1):
         names = names or [str(i) for i in range(len(layers))]
         if layout.block_tokens % page_tokens != 0:
             raise ValueError(f"kvtier block of {layout.block_tokens} tokens is not a whole number "
                              f"of {page_tokens}-token pages")
-        if len(layers) != layout.num_layers:
-            raise ValueError(f"{len(layers)} KV tensors for a layout of {layout.num_layers} "
-                             "layers")
-        H, D, P = layout.num_kv_heads, layout.head_dim, page_tokens
+        gkind, num_layers, H, D, dtype = group_shape(layout, group)
+        if len(layers) != num_layers:
+            raise ValueError(f"{len(layers)} KV tensors for a layout of {num_layers} layers")
+        P = page_tokens
         kinds = set()
         for name, t in zip(names, layers):
             shape = tuple(t.shape)
-            if len(shape) == 4 and shape[1:] == (H, P, 2 * D):
+            if gkind == "latent":
+                if len(shape) != 4 or shape[1:] != (1, P, D):
+                    raise ValueError(f"unknown paged MLA layout {list(shape)} ({t.dtype}) for "
+                                     f"layer {name}; known: [num_blocks, 1, {P}, {D}]")
+                kinds.add("latent")
+            elif len(shape) == 4 and shape[1:] == (H, P, 2 * D):
                 kinds.add("fused")
             elif len(shape) == 5 and shape[0] == 2 and shape[2:] == (H, P, D):
                 kinds.add("split")
@@ -55,8 +72,8 @@ class PagedKv:
                 raise ValueError(
                     f"unknown paged KV layout {list(shape)} ({t.dtype}) for layer {name}; known: "
                     f"[num_blocks, {H}, {P}, {2 * D}] and [2, num_blocks, {H}, {P}, {D}]")
-            if DTYPES.get(t.dtype) != layout.dtype:
-                raise ValueError(f"layer {name} is {t.dtype}; the layout says {layout.dtype}")
+            if DTYPES.get(t.dtype) != dtype:
+                raise ValueError(f"layer {name} is {t.dtype}; the layout says {dtype}")
             if not t.is_contiguous():
                 raise ValueError(f"layer {name}: the paged KV tensor is not contiguous")
         if len(kinds) != 1:
@@ -64,8 +81,12 @@ class PagedKv:
         self.kind = kinds.pop()
         self.layers = layers
         self.layout = layout
+        self.group = group
         self.page_tokens = P
         self.ratio = layout.block_tokens // P
+        # Pages of a kvtier block this group keeps (the last ones: a sliding window's).
+        self.keep = (layout.groups[group].stored_tokens(layout.block_tokens) // P
+                     if group >= 0 else self.ratio)
 
     def pages(self, layer: torch.Tensor) -> torch.Tensor:
         """A layer as [N, H, P, 2, D] (a view: writes go to the engine's memory)."""
@@ -85,10 +106,36 @@ class PagedKv:
     def gather(self, page_ids, out: torch.Tensor) -> None:
         """out[i] <- pages page_ids[i*ratio:(i+1)*ratio] of every layer (kvtier.gather_pages:
         one C++ call for all blocks, GIL released). page_ids: a list of ints or an int tensor."""
-        kvtier.gather_pages(self.layers, page_ids, out, self.layout, self.page_tokens, self.kind)
+        kvtier.gather_pages(self.layers, page_ids, out, self.layout, self.page_tokens, self.kind,
+                            self.group)
 
     def scatter(self, src: torch.Tensor, page_ids, skip: int = 0) -> None:
         """Pages page_ids <- src's pages from the skip-th on (src: [n, layers, 2, tokens, H, D];
-        kvtier.scatter_pages)."""
+        kvtier.scatter_pages); a negative page id is left unwritten."""
         kvtier.scatter_pages(src, self.layers, page_ids, self.layout, self.page_tokens,
-                             self.kind, skip)
+                             self.kind, skip, self.group)
+
+
+class GroupedPaged:
+    """Every KV-cache group's paged tensors as kvtier blocks: parts[g] copies group g (one part
+    for an ungrouped layout). Page ids come per group: the pages each kvtier block keeps
+    (PagedKv.keep per block), in block order."""
+
+    def __init__(self, parts: list[PagedKv]):
+        self.parts = parts
+        self.layout = parts[0].layout
+        self.kind = ",".join(p.kind for p in parts)
+
+    def staging(self, n: int) -> torch.Tensor:
+        """n kvtier blocks as bytes."""
+        return torch.empty((n, self.layout.bytes_per_block), dtype=torch.uint8)
+
+    def gather(self, pages: list, out: torch.Tensor) -> None:
+        for part, ids in zip(self.parts, pages):
+            if part.keep:
+                part.gather(ids, out)
+
+    def scatter(self, src: torch.Tensor, pages: list) -> None:
+        for part, ids in zip(self.parts, pages):
+            if part.keep:
+                part.scatter(src, ids)

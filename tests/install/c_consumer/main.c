@@ -101,8 +101,8 @@ static int ThroughDaemon(const char* socket) {
   kvtier_engine_hashes engine[kBlocks];
   for (int b = 0; b < kBlocks; ++b) {
     memset(hashes[b], b + 1, sizeof hashes[b]);
-    engine[b] = (kvtier_engine_hashes){&hashes[b][0][0], 32, 2, b ? &hashes[b - 1][1][0] : NULL,
-                                       tokens + b * 16, 16, NULL};
+    engine[b] = (kvtier_engine_hashes){&hashes[b][0][0], 32, 2,   b ? &hashes[b - 1][1][0] : NULL,
+                                       tokens + b * 16,  16, NULL};
   }
   kvtier_store_result sr;
   CHECK(kvtier_store_with_hashes(cache, tokens, kBlocks * 16, in, kBlocks, 0, NULL, engine, &sr) ==
@@ -142,11 +142,93 @@ static int ThroughDaemon(const char* socket) {
   return 0;
 }
 
+/* doc/config.md's grouped layout, as layout_yaml takes it: `window` tokens of sliding window in
+ * 4-token pages beside a full group, 16-token blocks. */
+static void GroupedYaml(char* out, size_t size, int window) {
+  snprintf(out, size,
+           "block_tokens: 16\n"
+           "groups:\n"
+           "  - {kind: sliding_window, num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16,"
+           " window: %d, page_tokens: 4}\n"
+           "  - {kind: full, num_layers: 2, num_kv_heads: 2, head_dim: 16, dtype: fp16}\n",
+           window);
+}
+
+/* A client of a daemon serving the grouped layout (window 8): the same groups through
+ * layout_yaml store and load a block; another window is refused naming both layouts. */
+static int ThroughGroupedDaemon(const char* socket) {
+  char yaml[512];
+  GroupedYaml(yaml, sizeof yaml, 8);
+  kvtier_client_options o;
+  memset(&o, 0, sizeof o);
+  o.socket_path = socket;
+  o.layout_yaml = yaml;
+  o.model_id = "c-consumer";
+  o.model_revision = "weights-sha256:0123";
+  o.timeout_ms = 2000;
+  kvtier_cache* cache = NULL;
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_OK);
+  const uint64_t bb = kvtier_cache_block_bytes(cache);
+  /* window 8 - 1 = 7 tokens: two 4-token pages of the sliding group, 16 tokens of the full. */
+  CHECK(bb == 2u * 2 * 2 * 16 * 2 * (8 + 16));
+  CHECK(kvtier_cache_block_tokens(cache) == 16);
+  uint32_t tokens[16];
+  for (int i = 0; i < 16; ++i) tokens[i] = (uint32_t)(i * 11 + 2);
+  unsigned char* src = malloc(bb);
+  unsigned char* dst = calloc(1, bb);
+  CHECK(src != NULL && dst != NULL);
+  for (uint64_t i = 0; i < bb; ++i) src[i] = (unsigned char)(i * 7 + 1);
+  const void* in[1] = {src};
+  void* out[1] = {dst};
+  kvtier_store_result sr;
+  CHECK(kvtier_store(cache, tokens, 16, in, 1, 0, NULL, &sr) == KVTIER_OK);
+  CHECK(sr.stored_blocks == 1);
+  kvtier_lookup* lk = NULL;
+  CHECK(kvtier_lookup_tokens(cache, tokens, 16, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 1);
+  uint32_t loaded = 0;
+  CHECK(kvtier_load(cache, lk, out, 1, &loaded) == KVTIER_OK && loaded == 1);
+  CHECK(memcmp(src, dst, bb) == 0);
+  kvtier_lookup_free(lk);
+  kvtier_cache_close(cache);
+  free(src);
+  free(dst);
+
+  GroupedYaml(yaml, sizeof yaml, 12);
+  cache = (kvtier_cache*)1;
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kvtier_last_error(), "layout mismatch") != NULL);
+  CHECK(strstr(kvtier_last_error(), "window 12") != NULL);
+  CHECK(strstr(kvtier_last_error(), "window 8") != NULL);
+  printf("c_consumer: a grouped layout_yaml stored and loaded through the daemon\n");
+  return 0;
+}
+
+/* A malformed layout_yaml is refused before any connection, naming the YAML problem. */
+static int BadLayoutYaml(void) {
+  kvtier_client_options o;
+  memset(&o, 0, sizeof o);
+  o.socket_path = "/nonexistent/kvtier.sock";
+  o.layout_yaml = "block_tokens: 16\ngroups:\n  - {kind: global, num_layers: 2}\n";
+  kvtier_cache* cache = (kvtier_cache*)1;
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_INVALID_ARGUMENT);
+  CHECK(cache == NULL);
+  CHECK(strstr(kvtier_last_error(), "layout_yaml:3") != NULL);
+  CHECK(strstr(kvtier_last_error(), "layout.groups[0].kind: unknown kind 'global'") != NULL);
+  o.layout_yaml = "groups: [unclosed\n";
+  CHECK(kvtier_client_open(&o, &cache) == KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "not valid YAML") != NULL);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--daemon") == 0) return ThroughDaemon(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--grouped-daemon") == 0) return ThroughGroupedDaemon(argv[2]);
 
   CHECK(kvtier_api_version() == KVTIER_C_API_VERSION);
   CHECK(strlen(kvtier_version()) > 0);
+  CHECK(BadLayoutYaml() == 0);
 
   /* A bad configuration is a code and a message naming the key; no handle comes back. */
   kvtier_cache* bad = (kvtier_cache*)1;

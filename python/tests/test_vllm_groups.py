@@ -1,0 +1,79 @@
+"""vLLM's KV-cache groups as kvtier layouts and the pages each kvtier block keeps
+(kvtier.integrations.vllm_groups), on stand-ins for vLLM's specs: no vLLM needed."""
+
+from types import SimpleNamespace
+
+import pytest
+
+import kvtier
+
+torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+from kvtier.integrations.vllm_groups import layout_from, load_pages, save_pages  # noqa: E402
+
+
+def spec(cls, **kw):
+    fields = dict(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.float32,
+                  sliding_window=None)
+    fields.update(kw)
+    return type(cls, (SimpleNamespace,), {})(**fields)  # read by its class name, as vLLM's
+
+
+def config(*groups):
+    return SimpleNamespace(kv_cache_groups=[
+        SimpleNamespace(kv_cache_spec=s, layer_names=[f"model.layers.{i}.attn" for i in layers])
+        for s, layers in groups])
+
+
+def test_dense_and_mla_keep_the_ungrouped_layouts():
+    dense, groups = layout_from(config((spec("FullAttentionSpec"), range(4))), 128)
+    assert not dense.grouped and dense == kvtier.KvLayout(4, 2, 64, "fp32", 128)
+    assert (groups[0].per_block, groups[0].keep) == (4, 4)
+    mla, _ = layout_from(config((spec("MLAAttentionSpec", num_kv_heads=1, head_size=576,
+                                      dtype=torch.bfloat16), range(3))), 128)
+    assert mla == kvtier.KvLayout(3, 1, 576, "bf16", 128, "mla")
+
+
+def test_sliding_and_full_make_a_grouped_layout_keeping_the_windows_last_page():
+    lay, groups = layout_from(config((spec("SlidingWindowSpec", sliding_window=32), [0, 2]),
+                                     (spec("FullAttentionSpec"), [1, 3])), 128)
+    assert lay.grouped and [g.kind for g in lay.groups] == ["sliding_window", "full"]
+    assert [(g.per_block, g.keep) for g in groups] == [(4, 1), (4, 4)]
+    assert lay.bytes_per_block * 8 == lay.full_bytes_per_block * 5  # 1/4 + 1 of 2 groups
+    # A 100-token window needs the last 99 tokens before a boundary: 4 pages, the whole block.
+    wide, groups = layout_from(config((spec("SlidingWindowSpec", sliding_window=100), [0])), 128)
+    assert groups[0].keep == 4 and wide.bytes_per_block == wide.full_bytes_per_block
+
+
+def test_groups_kvtier_cannot_store_are_refused_naming_them():
+    with pytest.raises(ValueError, match="group 1 is Mamba / linear-attention state"):
+        layout_from(config((spec("FullAttentionSpec"), [0]), (spec("MambaSpec"), [1])), 128)
+    with pytest.raises(ValueError, match="not a multiple of group 0's block size 48"):
+        layout_from(config((spec("FullAttentionSpec", block_size=48), [0])), 128)
+    with pytest.raises(ValueError, match="fp32, fp16 and bf16"):
+        layout_from(config((spec("FullAttentionSpec", dtype=torch.int8), [0])), 128)
+
+
+def test_saves_take_each_groups_kept_pages_and_stop_where_vllm_freed_one():
+    _, groups = layout_from(config((spec("SlidingWindowSpec", sliding_window=32), [0]),
+                                   (spec("FullAttentionSpec"), [1])), 128)
+    sliding = [0, 0, 0, 11, 0, 0, 0, 0, 13, 14, 15, 16]  # block 1's window page freed
+    full = list(range(21, 33))
+    end, pages = save_pages(groups, (sliding, full), 0, 3)
+    assert end == 1 and pages == [[11], [21, 22, 23, 24]]
+    sliding[7] = 12
+    end, pages = save_pages(groups, (sliding, full), 1, 3)
+    assert end == 3 and pages == [[12, 16], list(range(25, 33))]
+
+
+def test_loads_write_from_vllms_own_hit_and_skip_null_pages():
+    _, groups = layout_from(config((spec("SlidingWindowSpec", sliding_window=32), [0]),
+                                   (spec("FullAttentionSpec"), [1])), 128)
+    sliding = [0, 0, 0, 0, 0, 0, 0, 7]  # vLLM holds only the window before token 256
+    full = list(range(1, 9))
+    pages, whole = load_pages(groups, (sliding, full), 0, 2, from_token=64)
+    assert whole == 2
+    assert pages == [[-1, 7], [-1, -1, 3, 4, 5, 6, 7, 8]]
+    # A page vLLM holds that kvtier does not keep (block 1's third page): blocks end before it.
+    sliding[6] = 9
+    _, whole = load_pages(groups, (sliding, full), 0, 2, from_token=0)
+    assert whole == 1
