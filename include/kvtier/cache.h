@@ -128,10 +128,8 @@ class Cache final : public KvCache {
   // The namespace root of a request.
   BlockKey Root(const RequestOptions& request = {}) const override;
 
-  // Hashes tokens' full blocks and finds the longest loadable prefix; pins it.
-  Result<LookupResult> Lookup(std::span<const TokenId> tokens,
-                              const RequestOptions& request = {}) override;
-  // Same, for a chain the caller hashed (e.g. incrementally with PrefixHasher).
+  // KvCache::Lookup(tokens) hashes them and calls this: the chain's longest loadable prefix,
+  // pinned.
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
                                   const RequestOptions& request = {}) override;
 
@@ -149,13 +147,11 @@ class Cache final : public KvCache {
   Result<std::unique_ptr<LayerwiseLoad>> LoadLayerwise(const LookupResult& lookup, uint32_t first,
                                                        std::span<const MutableBlock> dst);
 
-  // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when
-  // first_block + blocks.size() passes the full blocks of tokens, or a buffer has the wrong size.
-  // With asynchronous writes, stored_blocks counts blocks the first tier took or the writer queued
-  // (their later failures count in write_failures); the buffers may be reused on return.
-  Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
-                            uint32_t first_block = 0, const RequestOptions& request = {}) override;
-  // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
+  // Stores keys[i] <-> blocks[i], keys being chain positions first_block.. of a request
+  // (KvCache::Store(tokens, blocks) hashes the tokens and calls this). InvalidArgument when a
+  // buffer has the wrong size. With asynchronous writes, stored_blocks counts blocks the first
+  // tier took or the writer queued (their later failures count in write_failures); the buffers
+  // may be reused on return.
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block = 0,
                                 const RequestOptions& request = {}) override;

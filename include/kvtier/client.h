@@ -94,13 +94,9 @@ class Client final : public KvCache {
 
   const KvLayout& layout() const override;
   BlockKey Root(const RequestOptions& request = {}) const override;
-  Result<LookupResult> Lookup(std::span<const TokenId> tokens,
-                              const RequestOptions& request = {}) override;
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
                                   const RequestOptions& request = {}) override;
   Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) override;
-  Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
-                            uint32_t first_block = 0, const RequestOptions& request = {}) override;
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block = 0,
                                 const RequestOptions& request = {}) override;

@@ -134,9 +134,9 @@ class KvCache {
   // The namespace root of a request (model, its revision, layout, tenant, LoRA).
   virtual BlockKey Root(const RequestOptions& request = {}) const = 0;
 
-  // Hashes tokens' full blocks and finds the longest loadable prefix; pins it.
-  virtual Result<LookupResult> Lookup(std::span<const TokenId> tokens,
-                                      const RequestOptions& request = {}) = 0;
+  // Hashes tokens' full blocks and finds the longest loadable prefix; pins it. One
+  // implementation for every KvCache: the keys of Root(request), then LookupKeys.
+  Result<LookupResult> Lookup(std::span<const TokenId> tokens, const RequestOptions& request = {});
   // Same, for a chain the caller hashed (e.g. incrementally with PrefixHasher).
   virtual Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
                                           const RequestOptions& request = {}) = 0;
@@ -147,10 +147,10 @@ class KvCache {
                                   std::span<const MutableBlock> dst) = 0;
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
-  // more blocks than full blocks in tokens, or a buffer has the wrong size.
-  virtual Result<StoreResult> Store(std::span<const TokenId> tokens,
-                                    std::span<const ConstBlock> blocks, uint32_t first_block = 0,
-                                    const RequestOptions& request = {}) = 0;
+  // more blocks than full blocks in tokens, or a buffer has the wrong size. One implementation
+  // for every KvCache: the keys of Root(request), then StoreKeys.
+  Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
+                            uint32_t first_block = 0, const RequestOptions& request = {});
   // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
   virtual Result<StoreResult> StoreKeys(std::span<const BlockKey> keys,
                                         std::span<const ConstBlock> blocks,

@@ -373,12 +373,6 @@ int Cache::num_tiers() const { return static_cast<int>(impl_->tiers_.size()); }
 Tier& Cache::tier(int index) { return *impl_->tiers_.at(index)->tier; }
 BlockKey Cache::Root(const RequestOptions& request) const { return impl_->Root(request); }
 
-Result<LookupResult> Cache::Lookup(std::span<const TokenId> tokens, const RequestOptions& request) {
-  std::vector<BlockKey> keys;
-  HashPrefix(impl_->Root(request), impl_->options_.layout.block_tokens, tokens, &keys);
-  return impl_->LookupKeys(keys, request);
-}
-
 Result<LookupResult> Cache::LookupKeys(std::span<const BlockKey> keys,
                                        const RequestOptions& request) {
   return impl_->LookupKeys(keys, request);
@@ -400,23 +394,6 @@ Result<std::unique_ptr<LayerwiseLoad>> Cache::LoadLayerwise(const LookupResult& 
 }
 
 void Cache::Flush() { impl_->Flush(); }
-
-Result<StoreResult> Cache::Store(std::span<const TokenId> tokens,
-                                 std::span<const ConstBlock> blocks, uint32_t first_block,
-                                 const RequestOptions& request) {
-  const uint32_t bt = impl_->options_.layout.block_tokens;
-  const size_t full = tokens.size() / bt;
-  if (uint64_t{first_block} + blocks.size() > full)
-    return Status::InvalidArgument("Store: blocks " + std::to_string(first_block) + ".." +
-                                   std::to_string(first_block + blocks.size()) + " asked, but " +
-                                   std::to_string(tokens.size()) + " tokens make only " +
-                                   std::to_string(full) + " full blocks of " + std::to_string(bt));
-  std::vector<BlockKey> keys;
-  HashPrefix(impl_->Root(request), bt,
-             tokens.subspan(0, (uint64_t{first_block} + blocks.size()) * bt), &keys);
-  return impl_->StoreKeys(std::span<const BlockKey>(keys).subspan(first_block), blocks, first_block,
-                          request);
-}
 
 Result<StoreResult> Cache::StoreKeys(std::span<const BlockKey> keys,
                                      std::span<const ConstBlock> blocks, uint32_t first_block,

@@ -357,13 +357,6 @@ ClientStats Client::client_stats() const {
   return s;
 }
 
-Result<LookupResult> Client::Lookup(std::span<const TokenId> tokens,
-                                    const RequestOptions& request) {
-  std::vector<BlockKey> keys;
-  HashPrefix(impl_->Root(request), impl_->opt_.layout.block_tokens, tokens, &keys);
-  return LookupKeys(keys, request);
-}
-
 Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
                                         const RequestOptions& request) {
   if (!impl_->data_plane_) return Status::InvalidArgument("Lookup: an operator client (no layout)");
@@ -488,23 +481,6 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
     r.bytes += bb;
   }
   return r;
-}
-
-Result<StoreResult> Client::Store(std::span<const TokenId> tokens,
-                                  std::span<const ConstBlock> blocks, uint32_t first_block,
-                                  const RequestOptions& request) {
-  const uint32_t bt = impl_->opt_.layout.block_tokens;
-  const size_t full = bt ? tokens.size() / bt : 0;
-  if (uint64_t{first_block} + blocks.size() > full)
-    return Status::InvalidArgument("Store: blocks " + std::to_string(first_block) + ".." +
-                                   std::to_string(first_block + blocks.size()) + " asked, but " +
-                                   std::to_string(tokens.size()) + " tokens make only " +
-                                   std::to_string(full) + " full blocks of " + std::to_string(bt));
-  std::vector<BlockKey> keys;
-  HashPrefix(impl_->Root(request), bt,
-             tokens.subspan(0, (uint64_t{first_block} + blocks.size()) * bt), &keys);
-  return StoreKeys(std::span<const BlockKey>(keys).subspan(first_block), blocks, first_block,
-                   request);
 }
 
 Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
