@@ -122,16 +122,10 @@ SessionEvent SessionEventFrom(const std::string& name) {
 [[noreturn]] void RaiseStatus(const Status& s) { Raise(s); }
 }  // namespace kvtier
 
-NB_MODULE(_kvtier, m) {
-  using namespace kvtier;
-  m.doc() = "kvtier: tiered KV-cache offload (host DRAM, SSD, Redis) for LLM inference engines";
-  // Engine integrations keep one cache per process until exit (kvtier.backends); nanobind's
-  // report of objects alive at interpreter exit would only be noise in engines' logs.
-  nb::set_leak_warnings(false);
-  RegisterStats(m);
-  RegisterPlanner(m);
-  RegisterEvents(m);
+namespace kvtier {
+namespace {
 
+void RegisterErrors(nb::module_& m) {
   // Exceptions, by code. InvalidArgument is also a ValueError, NotFound also a KeyError.
   PyObject* base = PyErr_NewException("kvtier.KvtierError", PyExc_RuntimeError, nullptr);
   m.attr("KvtierError") = nb::handle(base);
@@ -157,9 +151,9 @@ NB_MODULE(_kvtier, m) {
     g_errors[static_cast<size_t>(n.code)] = cls;
     m.attr(n.name) = nb::handle(cls);
   }
+}
 
-  RegisterLayout(m);
-
+void RegisterKeys(nb::module_& m) {
   nb::class_<BlockKey>(m, "BlockKey", "A block's 128-bit chained key.")
       .def(nb::init<>())
       .def(
@@ -212,9 +206,9 @@ NB_MODULE(_kvtier, m) {
         return Checksum64(b);
       },
       "buffer"_a);
+}
 
-  RegisterPaged(m);
-
+void RegisterOptions(nb::module_& m) {
   nb::class_<TierSpec>(m, "TierSpec")
       .def(
           "__init__",
@@ -284,7 +278,9 @@ NB_MODULE(_kvtier, m) {
       .def_rw("promote_on_load", &CacheOptions::promote_on_load)
       .def_rw("events", &CacheOptions::events)
       .def("validate", [](const CacheOptions& o) { Check(o.Validate()); });
+}
 
+void RegisterResults(nb::module_& m) {
   nb::class_<LookupResult>(m, "LookupResult",
                            "Which leading blocks are cached. Holds pins on them until "
                            "release() (or the end of a with block).")
@@ -323,11 +319,74 @@ NB_MODULE(_kvtier, m) {
         if (r.first_error.ok()) return nb::none();
         return nb::cast(r.first_error.ToString());
       });
+}
 
+// KvCache's stores, session events and stats (RegisterKvCache binds the rest).
+void BindKvCacheWrites(nb::class_<KvCache>& cls) {
+  cls.def(
+         "store",
+         [](KvCache& c, const std::vector<TokenId>& tokens, nb::handle blocks, uint32_t first_block,
+            const std::string& tenant, const std::string& lora_id, uint64_t session_id,
+            const std::vector<EngineBlockHashes>& engine_hashes) {
+           auto spans =
+               Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+           RequestOptions rq = Request(tenant, lora_id, session_id);
+           rq.engine_hashes = engine_hashes;
+           Result<StoreResult> r = Status::Internal("unset");
+           {
+             nb::gil_scoped_release release;
+             r = c.Store(tokens, spans, first_block, rq);
+           }
+           return Take(std::move(r));
+         },
+         "tokens"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
+         "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{},
+         "engine_hashes: one kvtier.EngineBlockHashes per block (or none), announced in the "
+         "cache's KV events instead of kvtier's keys (see wants_engine_hashes).")
+      .def(
+          "store_keys",
+          [](KvCache& c, const std::vector<BlockKey>& keys, nb::handle blocks, uint32_t first_block,
+             const std::string& tenant, const std::string& lora_id, uint64_t session_id,
+             const std::vector<EngineBlockHashes>& engine_hashes) {
+            auto spans =
+                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+            RequestOptions rq = Request(tenant, lora_id, session_id);
+            rq.engine_hashes = engine_hashes;
+            Result<StoreResult> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.StoreKeys(keys, spans, first_block, rq);
+            }
+            return Take(std::move(r));
+          },
+          "keys"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
+          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{})
+      .def_prop_ro("wants_engine_hashes", &KvCache::WantsEngineHashes,
+                   "Whether stores' engine_hashes are used: the cache (or its daemon) publishes "
+                   "KV events.")
+      .def(
+          "notify_session",
+          [](KvCache& c, uint64_t session_id, const std::string& event) {
+            c.NotifySession(session_id, SessionEventFrom(event));
+          },
+          "session_id"_a, "event"_a)
+      .def(
+          "note_declined",
+          [](KvCache& c, const std::vector<uint32_t>& blocks_by_tier) {
+            nb::gil_scoped_release release;
+            c.NoteDeclined(blocks_by_tier);
+          },
+          "blocks_by_tier"_a,
+          "The engine recomputed blocks_by_tier[t] hit blocks of tier t rather than load them "
+          "(counted as each tier's declined_blocks).")
+      .def("stats", [](const KvCache& c) { return StatsDict(c.stats()); });
+}
+
+void RegisterKvCache(nb::module_& m) {
   // The interface: what the vLLM connector and any engine call. A daemon Client binds as a
   // subclass of this with only its constructor.
-  nb::class_<KvCache>(m, "KvCache")
-      .def_prop_ro("layout", &KvCache::layout)
+  auto cls = nb::class_<KvCache>(m, "KvCache");
+  cls.def_prop_ro("layout", &KvCache::layout)
       .def(
           "root",
           [](const KvCache& c, const std::string& tenant, const std::string& lora_id) {
@@ -371,65 +430,11 @@ NB_MODULE(_kvtier, m) {
           },
           "lookup"_a, "dst"_a,
           "Copies the lookup's first hit blocks into dst: one C-contiguous array of whole "
-          "blocks, or a list of one-block arrays. Returns how many leading blocks loaded.")
-      .def(
-          "store",
-          [](KvCache& c, const std::vector<TokenId>& tokens, nb::handle blocks,
-             uint32_t first_block, const std::string& tenant, const std::string& lora_id,
-             uint64_t session_id, const std::vector<EngineBlockHashes>& engine_hashes) {
-            auto spans =
-                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
-            RequestOptions rq = Request(tenant, lora_id, session_id);
-            rq.engine_hashes = engine_hashes;
-            Result<StoreResult> r = Status::Internal("unset");
-            {
-              nb::gil_scoped_release release;
-              r = c.Store(tokens, spans, first_block, rq);
-            }
-            return Take(std::move(r));
-          },
-          "tokens"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
-          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{},
-          "engine_hashes: one kvtier.EngineBlockHashes per block (or none), announced in the "
-          "cache's KV events instead of kvtier's keys (see wants_engine_hashes).")
-      .def(
-          "store_keys",
-          [](KvCache& c, const std::vector<BlockKey>& keys, nb::handle blocks, uint32_t first_block,
-             const std::string& tenant, const std::string& lora_id, uint64_t session_id,
-             const std::vector<EngineBlockHashes>& engine_hashes) {
-            auto spans =
-                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
-            RequestOptions rq = Request(tenant, lora_id, session_id);
-            rq.engine_hashes = engine_hashes;
-            Result<StoreResult> r = Status::Internal("unset");
-            {
-              nb::gil_scoped_release release;
-              r = c.StoreKeys(keys, spans, first_block, rq);
-            }
-            return Take(std::move(r));
-          },
-          "keys"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
-          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{})
-      .def_prop_ro("wants_engine_hashes", &KvCache::WantsEngineHashes,
-                   "Whether stores' engine_hashes are used: the cache (or its daemon) publishes "
-                   "KV events.")
-      .def(
-          "notify_session",
-          [](KvCache& c, uint64_t session_id, const std::string& event) {
-            c.NotifySession(session_id, SessionEventFrom(event));
-          },
-          "session_id"_a, "event"_a)
-      .def(
-          "note_declined",
-          [](KvCache& c, const std::vector<uint32_t>& blocks_by_tier) {
-            nb::gil_scoped_release release;
-            c.NoteDeclined(blocks_by_tier);
-          },
-          "blocks_by_tier"_a,
-          "The engine recomputed blocks_by_tier[t] hit blocks of tier t rather than load them "
-          "(counted as each tier's declined_blocks).")
-      .def("stats", [](const KvCache& c) { return StatsDict(c.stats()); });
+          "blocks, or a list of one-block arrays. Returns how many leading blocks loaded.");
+  BindKvCacheWrites(cls);
+}
 
+void RegisterCache(nb::module_& m) {
   nb::class_<Cache, KvCache>(m, "Cache", "The in-process cache (tiers in this process).")
       .def_static(
           "open",
@@ -454,7 +459,9 @@ NB_MODULE(_kvtier, m) {
       .def(
           "events_info", [](const Cache& c) { return EventsInfoDict(c.events_info()); },
           "The KV-event publisher: its endpoints, topics and counters (empty endpoint: off).");
+}
 
+void RegisterClient(nb::module_& m) {
   m.def("default_socket_path", &DefaultSocketPath,
         "$XDG_RUNTIME_DIR/kvtier/kvtier.sock, else /run/kvtier/kvtier.sock.");
 
@@ -530,4 +537,27 @@ NB_MODULE(_kvtier, m) {
         }
         return Take(std::move(r));
       });
+}
+
+}  // namespace
+}  // namespace kvtier
+
+NB_MODULE(_kvtier, m) {
+  using namespace kvtier;
+  m.doc() = "kvtier: tiered KV-cache offload (host DRAM, SSD, Redis) for LLM inference engines";
+  // Engine integrations keep one cache per process until exit (kvtier.backends); nanobind's
+  // report of objects alive at interpreter exit would only be noise in engines' logs.
+  nb::set_leak_warnings(false);
+  RegisterStats(m);
+  RegisterPlanner(m);
+  RegisterEvents(m);
+  RegisterErrors(m);
+  RegisterLayout(m);
+  RegisterKeys(m);
+  RegisterPaged(m);
+  RegisterOptions(m);
+  RegisterResults(m);
+  RegisterKvCache(m);
+  RegisterCache(m);
+  RegisterClient(m);
 }
