@@ -243,4 +243,48 @@ KvGroupLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype) 
   return l;
 }
 
+KvGroupLayout FromStorageLayout(const kvtier::KvLayout& layout) {
+  KvGroupLayout out;
+  out.block_tokens = layout.block_tokens;
+  std::vector<kvtier::KvLayoutGroup> groups = layout.groups;
+  if (groups.empty()) {
+    kvtier::KvLayoutGroup g;
+    g.kind = layout.attention == kvtier::AttentionKind::kMla ? kvtier::KvGroupKind::kLatent
+                                                             : kvtier::KvGroupKind::kFull;
+    g.num_layers = layout.num_layers;
+    g.num_kv_heads = layout.num_kv_heads;
+    g.head_dim = layout.head_dim;
+    g.dtype = layout.dtype;
+    groups.push_back(g);
+  }
+  for (const kvtier::KvLayoutGroup& lg : groups) {
+    KvGroup g;
+    g.name = std::string(kvtier::KvGroupKindName(lg.kind));
+    g.layers = lg.num_layers;
+    g.dtype = std::string(kvtier::DTypeName(lg.dtype));
+    switch (lg.kind) {
+      case kvtier::KvGroupKind::kFull:
+        g.kind = KvGroupKind::kFull;
+        break;
+      case kvtier::KvGroupKind::kLatent:
+        g.kind = KvGroupKind::kLatent;
+        break;
+      case kvtier::KvGroupKind::kSlidingWindow:
+        g.kind = KvGroupKind::kSlidingWindow;
+        g.window = lg.window;
+        if (lg.page_tokens) out.block_tokens = lg.page_tokens;
+        break;
+      case kvtier::KvGroupKind::kState:
+        g.kind = KvGroupKind::kState;
+        g.slots = 1;
+        break;
+    }
+    g.entry_bytes = lg.kind == kvtier::KvGroupKind::kState
+                        ? static_cast<double>(lg.state_bytes)
+                        : static_cast<double>(lg.bytes_per_token_layer());
+    out.groups.push_back(std::move(g));
+  }
+  return out;
+}
+
 }  // namespace kvtier::sim

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvtier/layout.h"
 #include "kvtier/status.h"
 
 namespace kvtier::sim {
@@ -84,6 +85,12 @@ double KvBytesPerRunningRequest(const KvGroupLayout& layout, std::string_view dt
 // KV bytes of one request holding `tokens` tokens: token groups in whole pages, sliding windows
 // capped at the window, states constant.
 double KvBytesForTokens(const KvGroupLayout& layout, uint64_t tokens, std::string_view dtype = {});
+
+// The library's layout (what kvtier stores per block, kvtier/layout.h) as the simulator's groups,
+// so a layout a daemon serves is priced by the same accounting: full, latent, sliding_window and
+// state map one to one (a state is one slot per request); the engine page is a sliding
+// window's page_tokens, else the block. An ungrouped layout is one full or latent group.
+KvGroupLayout FromStorageLayout(const kvtier::KvLayout& layout);
 
 // Reads a profile's "kv_layout" object; errors name `source` and the field.
 Result<KvGroupLayout> ParseKvGroupLayout(const nlohmann::json& j, std::string_view source);

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "kvtier/status.h"
-#include "kvtier/transfer.h"
+#include "transfer/transfer.h"
 
 namespace kvtier {
 

@@ -3,7 +3,7 @@
 // Lock order: a worker takes Impl::mu_ (to pop) and then, after dropping it, the transfer's own
 // TransferHandle::State::mu (to start or finish a chunk); nothing holds both. Waiters sleep on
 // their transfer's cv; Post sleeps on the engine's space_cv_.
-#include "kvtier/transfer.h"
+#include "transfer/transfer.h"
 
 #include <algorithm>
 #include <deque>

@@ -162,5 +162,41 @@ TEST(KvGroupLayout, PagesArePaddedAndBadGroupsNameTheField) {
   EXPECT_EQ(kind.status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(KvGroupLayout, TheLibrarysStorageLayoutIsPricedByTheSameAccounting) {
+  // Gemma 2-like: a 32-token window on 2 layers beside 2 full layers, fp32, 32-token pages.
+  KvLayout lib;
+  lib.block_tokens = 128;
+  KvLayoutGroup sw;
+  sw.kind = kvtier::KvGroupKind::kSlidingWindow;
+  sw.num_layers = 2;
+  sw.num_kv_heads = 2;
+  sw.head_dim = 64;
+  sw.dtype = DType::kFp32;
+  sw.window = 32;
+  sw.page_tokens = 32;
+  KvLayoutGroup full = sw;
+  full.kind = kvtier::KvGroupKind::kFull;
+  full.window = 0;
+  full.page_tokens = 0;
+  lib.groups = {sw, full};
+  ASSERT_TRUE(lib.Validate().ok());
+  KvGroupLayout s = FromStorageLayout(lib);
+  ASSERT_TRUE(s.Validate().ok());
+  ASSERT_EQ(s.groups.size(), 2u);
+  EXPECT_EQ(s.groups[0].kind, KvGroupKind::kSlidingWindow);
+  EXPECT_EQ(s.groups[1].kind, KvGroupKind::kFull);
+  EXPECT_EQ(s.block_tokens, 32u);
+  const double per_token_layer = 2.0 * 2 * 64 * 4;
+  // 1000 tokens: full layers hold every token (32 whole pages), sliding ones their window.
+  EXPECT_DOUBLE_EQ(KvBytesForTokens(s, 1000),
+                   2 * 1024 * per_token_layer + 2 * 32 * per_token_layer);
+  // An ungrouped MLA layout is one latent group of its width.
+  KvLayout mla{4, 1, 576, DType::kBf16, 128, AttentionKind::kMla};
+  KvGroupLayout m = FromStorageLayout(mla);
+  ASSERT_EQ(m.groups.size(), 1u);
+  EXPECT_EQ(m.groups[0].kind, KvGroupKind::kLatent);
+  EXPECT_DOUBLE_EQ(m.groups[0].entry_bytes, 576.0 * 2);
+}
+
 }  // namespace
 }  // namespace kvtier::sim

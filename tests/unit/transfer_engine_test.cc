@@ -1,4 +1,4 @@
-#include "kvtier/transfer.h"
+#include "transfer/transfer.h"
 
 #include <gtest/gtest.h>
 

@@ -16,8 +16,8 @@
 // Ownership: the buffers a transfer names must stay valid until it is done, cancelled or
 // released; after Release() (or the handle's destruction) returns, no worker touches them.
 // Handles must be released before their engine is destroyed.
-#ifndef KVTIER_TRANSFER_H_
-#define KVTIER_TRANSFER_H_
+#ifndef KVTIER_TRANSFER_TRANSFER_H_
+#define KVTIER_TRANSFER_TRANSFER_H_
 
 #include <chrono>
 #include <cstddef>
@@ -129,4 +129,4 @@ Result<std::vector<CopySegment>> LayerwiseSegments(const KvLayout& layout,
 
 }  // namespace kvtier
 
-#endif  // KVTIER_TRANSFER_H_
+#endif  // KVTIER_TRANSFER_TRANSFER_H_
