@@ -81,7 +81,8 @@ class _Counters:
         self.values = {"lookup_requests": 0, "lookup_hit_tokens": 0, "load_blocks": 0,
                        "load_failed_blocks": 0, "loaded_tokens": 0, "save_blocks": 0,
                        "save_failed_blocks": 0, "errors": 0, "async_loads": 0,
-                       "promised_missed_blocks": 0}
+                       "promised_missed_blocks": 0, "save_unreachable_blocks": 0,
+                       "unrestorable_blocks": 0}
         # Per tier: tokens loaded, recomputed because the planner chose to, recomputed because
         # the load failed; per decision kind: how many requests.
         self.by_tier: dict[str, dict[str, int]] = {}
