@@ -13,7 +13,9 @@ Per family, a two-turn conversation whose turn 1 has 513 tokens:
            512 of it).
   ssd      a new vLLM process on the same SSD directory: both turns load from kvtier, turn 1's
            blocks from SSD.
-  daemon   through `kvtier serve` serving the family's (grouped) layout.
+  daemon   through `kvtier serve` serving the family's (grouped) layout, host then SSD: turn 2
+           loads from its host tier, then, the daemon restarted, both turns load, turn 1 from
+           its SSD tier.
   dropped  (sliding-window families) one stored block corrupted on SSD: the load fails, the
            request is recomputed; the next process finds the block dropped and resumes from the
            last boundary before it. Tokens equal throughout.
@@ -153,17 +155,25 @@ def test_inprocess_host_then_new_process_from_ssd(family):
     f.expect(b, turn1_resumed=True)
 
 
-def test_through_the_daemon(family, tmp_path):
+def test_through_the_daemon_host_then_ssd_after_a_restart(family, tmp_path):
     f = family
-    daemon = Daemon(tmp_path, f.layout).start()
+    daemon = Daemon(tmp_path, f.layout, disk_dir=str(tmp_path / "disk")).start()
+    cfg = {"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000}
     try:
-        out = f.conversation({"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000},
-                             run="daemon")
+        out = f.conversation(cfg, run="daemon")
+        st = f.stats("daemon")
+        assert out["vllm_external_hits"] == 4 * KB, (st["connector"], out["log"][-3000:])
+        f.expect(out, turn1_resumed=False)
+        # Restarted: its DRAM is empty, its SSD tier reopened; both turns load, turn 1 from SSD.
+        assert daemon.stop() == 0
+        daemon.start()
+        out = f.conversation(cfg, run="daemon-ssd")
+        st = f.stats("daemon-ssd")
+        assert st["kvtier"]["tiers"][1]["hits"] >= 4, st["kvtier"]
+        assert out["vllm_external_hits"] == 8 * KB, st["connector"]
+        f.expect(out, turn1_resumed=True)
     finally:
-        daemon.stop()
-    st = f.stats("daemon")
-    assert out["vllm_external_hits"] == 4 * KB, (st["connector"], out["log"][-3000:])
-    f.expect(out, turn1_resumed=False)
+        daemon.kill()
 
 
 def test_dropped_window_block_is_recomputed(family):
