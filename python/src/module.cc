@@ -321,6 +321,21 @@ void RegisterResults(nb::module_& m) {
       });
 }
 
+// The one body of store and store_keys: blocks as spans, the engine's hashes on the request,
+// `store` run with the GIL released.
+template <typename StoreFn>
+StoreResult StoreBlocks(KvCache& c, nb::handle blocks, RequestOptions rq,
+                        const std::vector<EngineBlockHashes>& engine_hashes, StoreFn store) {
+  auto spans = Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
+  rq.engine_hashes = engine_hashes;
+  Result<StoreResult> r = Status::Internal("unset");
+  {
+    nb::gil_scoped_release release;
+    r = store(std::span<const ConstBlock>(spans), rq);
+  }
+  return Take(std::move(r));
+}
+
 // KvCache's stores, session events and stats (RegisterKvCache binds the rest).
 void BindKvCacheWrites(nb::class_<KvCache>& cls) {
   cls.def(
@@ -328,16 +343,10 @@ void BindKvCacheWrites(nb::class_<KvCache>& cls) {
          [](KvCache& c, const std::vector<TokenId>& tokens, nb::handle blocks, uint32_t first_block,
             const std::string& tenant, const std::string& lora_id, uint64_t session_id,
             const std::vector<EngineBlockHashes>& engine_hashes) {
-           auto spans =
-               Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
-           RequestOptions rq = Request(tenant, lora_id, session_id);
-           rq.engine_hashes = engine_hashes;
-           Result<StoreResult> r = Status::Internal("unset");
-           {
-             nb::gil_scoped_release release;
-             r = c.Store(tokens, spans, first_block, rq);
-           }
-           return Take(std::move(r));
+           return StoreBlocks(c, blocks, Request(tenant, lora_id, session_id), engine_hashes,
+                              [&](std::span<const ConstBlock> spans, const RequestOptions& rq) {
+                                return c.Store(tokens, spans, first_block, rq);
+                              });
          },
          "tokens"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
          "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{},
@@ -348,16 +357,10 @@ void BindKvCacheWrites(nb::class_<KvCache>& cls) {
           [](KvCache& c, const std::vector<BlockKey>& keys, nb::handle blocks, uint32_t first_block,
              const std::string& tenant, const std::string& lora_id, uint64_t session_id,
              const std::vector<EngineBlockHashes>& engine_hashes) {
-            auto spans =
-                Blocks<AnyConstArray, ConstBlock>(blocks, c.layout().bytes_per_block(), "blocks");
-            RequestOptions rq = Request(tenant, lora_id, session_id);
-            rq.engine_hashes = engine_hashes;
-            Result<StoreResult> r = Status::Internal("unset");
-            {
-              nb::gil_scoped_release release;
-              r = c.StoreKeys(keys, spans, first_block, rq);
-            }
-            return Take(std::move(r));
+            return StoreBlocks(c, blocks, Request(tenant, lora_id, session_id), engine_hashes,
+                               [&](std::span<const ConstBlock> spans, const RequestOptions& rq) {
+                                 return c.StoreKeys(keys, spans, first_block, rq);
+                               });
           },
           "keys"_a, "blocks"_a, "first_block"_a = 0, "tenant"_a = "", "lora_id"_a = "",
           "session_id"_a = 0, "engine_hashes"_a = std::vector<EngineBlockHashes>{})
