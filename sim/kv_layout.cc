@@ -246,18 +246,7 @@ KvGroupLayout SingleGroupLayout(double bytes_per_token, std::string_view dtype) 
 KvGroupLayout FromStorageLayout(const kvtier::KvLayout& layout) {
   KvGroupLayout out;
   out.block_tokens = layout.block_tokens;
-  std::vector<kvtier::KvLayoutGroup> groups = layout.groups;
-  if (groups.empty()) {
-    kvtier::KvLayoutGroup g;
-    g.kind = layout.attention == kvtier::AttentionKind::kMla ? kvtier::KvGroupKind::kLatent
-                                                             : kvtier::KvGroupKind::kFull;
-    g.num_layers = layout.num_layers;
-    g.num_kv_heads = layout.num_kv_heads;
-    g.head_dim = layout.head_dim;
-    g.dtype = layout.dtype;
-    groups.push_back(g);
-  }
-  for (const kvtier::KvLayoutGroup& lg : groups) {
+  for (const kvtier::KvLayoutGroup& lg : layout.AsGroups()) {
     KvGroup g;
     g.name = std::string(kvtier::KvGroupKindName(lg.kind));
     g.layers = lg.num_layers;

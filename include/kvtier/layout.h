@@ -89,6 +89,8 @@ struct KvLayout {
   uint64_t full_bytes_per_block() const;
   // Where group g starts inside a block.
   uint64_t group_offset(size_t g) const;
+  // The groups; an ungrouped layout as its one full (MLA: latent) group.
+  std::vector<KvLayoutGroup> AsGroups() const;
   // Bytes of one layer's slice of a block; the slice starts at layer * layer_bytes(). Ungrouped
   // layouts only (0 for a grouped one: its layers differ in size).
   uint64_t layer_bytes() const { return grouped() ? 0 : bytes_per_block() / num_layers; }

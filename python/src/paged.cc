@@ -58,13 +58,7 @@ KvLayoutGroup GroupOf(const KvLayout& layout, int group, const std::string& w) {
   if (!layout.grouped()) {
     if (group > 0)
       RaiseInvalidArgument(w + ": group " + std::to_string(group) + " of an ungrouped layout");
-    KvLayoutGroup g;
-    g.kind = layout.attention == AttentionKind::kMla ? KvGroupKind::kLatent : KvGroupKind::kFull;
-    g.num_layers = layout.num_layers;
-    g.num_kv_heads = layout.num_kv_heads;
-    g.head_dim = layout.head_dim;
-    g.dtype = layout.dtype;
-    return g;
+    return layout.AsGroups()[0];
   }
   if (group < 0 || static_cast<size_t>(group) >= layout.groups.size())
     RaiseInvalidArgument(w + ": the layout has " + std::to_string(layout.groups.size()) +

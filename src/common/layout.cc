@@ -171,6 +171,17 @@ uint64_t KvLayout::full_bytes_per_block() const {
   return sum;
 }
 
+std::vector<KvLayoutGroup> KvLayout::AsGroups() const {
+  if (grouped()) return groups;
+  KvLayoutGroup g;
+  g.kind = attention == AttentionKind::kMla ? KvGroupKind::kLatent : KvGroupKind::kFull;
+  g.num_layers = num_layers;
+  g.num_kv_heads = num_kv_heads;
+  g.head_dim = head_dim;
+  g.dtype = dtype;
+  return {g};
+}
+
 uint64_t KvLayout::group_offset(size_t g) const {
   uint64_t off = 0;
   for (size_t i = 0; i < g && i < groups.size(); ++i)

@@ -18,10 +18,17 @@ class Reader {
   explicit Reader(std::string source) : source_(std::move(source)) {}
 
   Status Error(const YAML::Node& node, const std::string& path, const std::string& what) const {
+    return Status::InvalidArgument(Where(node) + ": " + path + ": " + what);
+  }
+  // s (whose message names its own path) said at node's line.
+  Status AtLine(const YAML::Node& node, const Status& s) const {
+    return Status::InvalidArgument(Where(node) + ": " + std::string(s.message()));
+  }
+  std::string Where(const YAML::Node& node) const {
     std::string where = source_;
     if (node.IsDefined() && node.Mark().line >= 0)
       where += ":" + std::to_string(node.Mark().line + 1);
-    return Status::InvalidArgument(where + ": " + path + ": " + what);
+    return where;
   }
 
   Status CheckKeys(const YAML::Node& map, const std::string& path,
@@ -135,23 +142,13 @@ class Reader {
     KvLayout l;
     l.block_tokens = block_tokens;
     for (size_t i = 0; i < groups.size(); ++i) {
-      KVTIER_ASSIGN_OR_RETURN(KvLayoutGroup g,
-                              Group(groups[i], gpath + "[" + std::to_string(i) + "]"));
+      const std::string where = gpath + "[" + std::to_string(i) + "]";
+      KVTIER_ASSIGN_OR_RETURN(KvLayoutGroup g, Group(groups[i], where));
+      if (Status v = g.Validate(block_tokens, where); !v.ok()) return AtLine(groups[i], v);
       l.groups.push_back(g);
     }
-    Status v = l.Validate();
-    if (v.ok()) return l;
-    const std::string msg(v.message());
-    for (size_t i = 0; i < groups.size(); ++i) {
-      const std::string prefix = "layout.groups[" + std::to_string(i) + "].";
-      const size_t colon = msg.find(": ");
-      if (msg.starts_with(prefix) && colon != std::string::npos)
-        return Error(groups[i],
-                     gpath + "[" + std::to_string(i) + "]." +
-                         msg.substr(prefix.size(), colon - prefix.size()),
-                     msg.substr(colon + 2));
-    }
-    return Error(n, path, msg);
+    if (Status v = l.Validate(); !v.ok()) return AtLine(n, v);  // the layout-wide bounds
+    return l;
   }
 
   Result<KvLayout> Layout(const YAML::Node& n, const std::string& path) const {

@@ -114,12 +114,7 @@ TEST(LayoutTest, GroupedFingerprintCoversEveryGroupField) {
   // The unused top-level fields do not count, as in operator==.
   EXPECT_FALSE(differs([](KvLayout& l) { l.num_layers = 7; }));
   // One full group is not the ungrouped layout of the same shape.
-  KvLayout flat;
-  flat.num_layers = 2;
-  flat.num_kv_heads = 2;
-  flat.head_dim = 64;
-  flat.dtype = DType::kFp32;
-  flat.block_tokens = 128;
+  const KvLayout flat{2, 2, 64, DType::kFp32, 128};
   KvLayout one;
   one.block_tokens = 128;
   one.groups = {base.groups[1]};

@@ -106,8 +106,8 @@ def load_pages(groups: list[Group], block_ids, first: int, end: int,
                 start = (i * g.per_block + j) * g.page_tokens
                 needed = page != NULL_PAGE and start >= from_token
                 if j < g.per_block - g.keep:
-                    if needed and whole == end - first:
-                        whole = i - first
+                    if needed:
+                        whole = min(whole, i - first)
                     continue
                 pages[gi].append(page if needed else -1)
     return pages, whole
