@@ -177,6 +177,44 @@ KVTIER_C_EXPORT kvtier_code kvtier_store_with_hashes(kvtier_cache* cache, const 
                                                      const kvtier_engine_hashes* engine,
                                                      kvtier_store_result* result);
 
+/* Asynchronous stores (doc/c_api.md): one bounded queue and one background thread per cache,
+ * in this process. kvtier_store_async hashes the request's keys, queues the store and returns;
+ * the blocks are borrowed until done runs: the caller keeps them alive and unchanged until then
+ * (a step copies its blocks into a buffer it owns first). done(user, code, result) runs once
+ * per queued store, on the thread that stored it (never under a kvtier lock; it may queue
+ * again); done may be NULL. RESOURCE_EXHAUSTED: the queue is full (the tiers fall behind), the
+ * blocks were not stored, done never runs; counted as "async.dropped_blocks". */
+typedef void (*kvtier_store_done)(void* user, kvtier_code code, const kvtier_store_result* result);
+KVTIER_C_EXPORT kvtier_code kvtier_store_async(kvtier_cache* cache, const uint32_t* tokens,
+                                               size_t num_tokens, const void* const* blocks,
+                                               size_t num_blocks, uint32_t first_block,
+                                               const kvtier_request* request,
+                                               const kvtier_engine_hashes* engine,
+                                               kvtier_store_done done, void* user);
+/* Before a lookup of tokens: waits until no store of their full blocks is queued or running.
+ * Queued ones are stored by the caller itself; timeout_ms bounds the wait for stores another
+ * thread runs. UNAVAILABLE: it ran out (look up anyway: those blocks miss). */
+KVTIER_C_EXPORT kvtier_code kvtier_store_wait(kvtier_cache* cache, const uint32_t* tokens,
+                                              size_t num_tokens, const kvtier_request* request,
+                                              uint32_t timeout_ms);
+/* Waits until nothing is queued or running; UNAVAILABLE when timeout_ms ran out first. */
+KVTIER_C_EXPORT kvtier_code kvtier_store_wait_idle(kvtier_cache* cache, uint32_t timeout_ms);
+
+typedef enum kvtier_priority {
+  KVTIER_PRIORITY_IDLE = 0,    /* SCHED_IDLE: CPU time no other thread wants (the default) */
+  KVTIER_PRIORITY_NICE = 1,    /* the nice level in `nice` */
+  KVTIER_PRIORITY_INHERIT = 2, /* the opening thread's */
+} kvtier_priority;
+typedef struct kvtier_store_queue_options {
+  uint32_t max_batches; /* stores queued or running at most; 0 = 64 */
+  int32_t priority;     /* a kvtier_priority */
+  int32_t nice;         /* -20..19, for KVTIER_PRIORITY_NICE */
+} kvtier_store_queue_options;
+/* Opens the queue with these options, before the first kvtier_store_async (which otherwise
+ * opens it with the defaults). INVALID_ARGUMENT when it is open already. */
+KVTIER_C_EXPORT kvtier_code kvtier_store_queue_open(kvtier_cache* cache,
+                                                    const kvtier_store_queue_options* options);
+
 /* 1 when the cache publishes KV events, so a store's engine hashes are used (through a client:
  * the daemon said so when it connected); 0 otherwise or for NULL. */
 KVTIER_C_EXPORT int kvtier_cache_wants_engine_hashes(const kvtier_cache* cache);

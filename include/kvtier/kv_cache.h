@@ -151,6 +151,10 @@ class KvCache {
   // for every KvCache: the keys of Root(request), then StoreKeys.
   Result<StoreResult> Store(std::span<const TokenId> tokens, std::span<const ConstBlock> blocks,
                             uint32_t first_block = 0, const RequestOptions& request = {});
+  // The keys Store gives full blocks first_block..first_block + num_blocks of tokens (for
+  // StoreKeys or an AsyncStore). InvalidArgument when tokens hold fewer full blocks.
+  Result<std::vector<BlockKey>> KeysOf(std::span<const TokenId> tokens, uint32_t first_block,
+                                       size_t num_blocks, const RequestOptions& request = {}) const;
   // Same, for keys[i] <-> blocks[i], keys being chain positions first_block.. of a request.
   virtual Result<StoreResult> StoreKeys(std::span<const BlockKey> keys,
                                         std::span<const ConstBlock> blocks,

@@ -15,6 +15,7 @@ The C++ library, bound with nanobind. See doc/python.md.
 """
 
 from kvtier._kvtier import (  # noqa: F401
+    AsyncStore,
     BlockKey,
     Cache,
     CacheOptions,
@@ -50,6 +51,7 @@ from kvtier._kvtier import (  # noqa: F401
 )
 
 __all__ = [
+    "AsyncStore",
     "BlockKey",
     "Cache",
     "CacheOptions",

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvtier/status.h"
 
@@ -35,6 +36,41 @@ std::span<std::byte> BytesOf(const Array& a, const char* what) {
   }
   auto* p = static_cast<std::byte*>(const_cast<void*>(static_cast<const void*>(a.data())));
   return {p, a.nbytes()};
+}
+
+// Splits one buffer (n whole blocks) or a list of buffers (one block each) into block spans.
+template <typename Array, typename Span>
+std::vector<Span> Blocks(nanobind::handle buffers, uint64_t block_bytes, const char* what) {
+  std::vector<Span> out;
+  Array one;
+  if (nanobind::try_cast(buffers, one, false)) {
+    auto bytes = BytesOf(one, what);
+    if (bytes.size() % block_bytes != 0)
+      RaiseInvalidArgument(std::string(what) + ": a buffer of " + std::to_string(bytes.size()) +
+                           " bytes is not a whole number of " + std::to_string(block_bytes) +
+                           "-byte blocks");
+    for (size_t off = 0; off < bytes.size(); off += block_bytes)
+      out.push_back(Span(bytes.data() + off, block_bytes));
+    return out;
+  }
+  if (!nanobind::isinstance<nanobind::sequence>(buffers) ||
+      nanobind::isinstance<nanobind::str>(buffers))
+    RaiseInvalidArgument(std::string(what) + ": expected an array or a list of arrays");
+  size_t i = 0;
+  for (nanobind::handle item : buffers) {
+    Array a;
+    if (!nanobind::try_cast(item, a, false))
+      RaiseInvalidArgument(std::string(what) + "[" + std::to_string(i) +
+                           "]: not a writable CPU array (numpy, or torch through DLPack)");
+    auto bytes = BytesOf(a, what);
+    if (bytes.size() != block_bytes)
+      RaiseInvalidArgument(std::string(what) + "[" + std::to_string(i) +
+                           "]: " + std::to_string(bytes.size()) + " bytes, a block is " +
+                           std::to_string(block_bytes));
+    out.push_back(Span(bytes.data(), bytes.size()));
+    ++i;
+  }
+  return out;
 }
 
 }  // namespace kvtier

@@ -37,6 +37,7 @@
 #include "kvtier/status.h"
 #include "paged.h"
 #include "planner.h"
+#include "saves.h"
 #include "serve/serve_options.h"
 #include "stats.h"
 
@@ -70,40 +71,6 @@ T Take(Result<T> r) {
 
 [[noreturn]] void RaiseInvalid(const std::string& message) {
   Raise(Status::InvalidArgument(message));
-}
-
-// Splits one buffer (n whole blocks) or a list of buffers (one block each) into block spans.
-template <typename Array, typename Span>
-std::vector<Span> Blocks(nb::handle buffers, uint64_t block_bytes, const char* what) {
-  std::vector<Span> out;
-  Array one;
-  if (nb::try_cast(buffers, one, false)) {
-    auto bytes = BytesOf(one, what);
-    if (bytes.size() % block_bytes != 0)
-      RaiseInvalid(std::string(what) + ": a buffer of " + std::to_string(bytes.size()) +
-                   " bytes is not a whole number of " + std::to_string(block_bytes) +
-                   "-byte blocks");
-    for (size_t off = 0; off < bytes.size(); off += block_bytes)
-      out.push_back(Span(bytes.data() + off, block_bytes));
-    return out;
-  }
-  if (!nb::isinstance<nb::sequence>(buffers) || nb::isinstance<nb::str>(buffers))
-    RaiseInvalid(std::string(what) + ": expected an array or a list of arrays");
-  size_t i = 0;
-  for (nb::handle item : buffers) {
-    Array a;
-    if (!nb::try_cast(item, a, false))
-      RaiseInvalid(std::string(what) + "[" + std::to_string(i) +
-                   "]: not a writable CPU array (numpy, or torch through DLPack)");
-    auto bytes = BytesOf(a, what);
-    if (bytes.size() != block_bytes)
-      RaiseInvalid(std::string(what) + "[" + std::to_string(i) +
-                   "]: " + std::to_string(bytes.size()) + " bytes, a block is " +
-                   std::to_string(block_bytes));
-    out.push_back(Span(bytes.data(), bytes.size()));
-    ++i;
-  }
-  return out;
 }
 
 RequestOptions Request(const std::string& tenant, const std::string& lora_id, uint64_t session_id) {
@@ -563,4 +530,5 @@ NB_MODULE(_kvtier, m) {
   RegisterKvCache(m);
   RegisterCache(m);
   RegisterClient(m);
+  RegisterAsyncStore(m);
 }

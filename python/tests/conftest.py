@@ -8,7 +8,9 @@ _RUNS = {"test_run_a_reference": "A", "test_run_b_vllm_prefix_cache": "B",
          "test_run_c_kvtier_loads_turn2": "C", "test_run_d_new_process_from_ssd": "D",
          "test_run_e_corrupted_block_is_recomputed": "E", "test_run_f_daemon_killed": "F",
          "test_run_g_events_name_offloaded_blocks_as_vllm_does[inprocess]": "G",
-         "test_run_g_events_name_offloaded_blocks_as_vllm_does[daemon]": "G"}
+         "test_run_g_events_name_offloaded_blocks_as_vllm_does[daemon]": "G",
+         "test_run_h_eviction_between_schedule_and_load[held]": "H",
+         "test_run_h_eviction_between_schedule_and_load[released]": "H"}
 _OUTCOMES: dict = {}
 _FAMILY_OUTCOMES: dict = {}
 
@@ -34,12 +36,14 @@ def pytest_sessionfinish(session, exitstatus):
     if not path:
         return
     equal = SUMMARY.get("equal", {})
-    doc = {"runs": {r: _OUTCOMES.get(r, "not run") for r in "ABCDEFG"},
+    doc = {"runs": {r: _OUTCOMES.get(r, "not run") for r in "ABCDEFGH"},
            "tokens_equal": len(equal) == 3 and all(equal.values()),
            "hit_tokens_vllm": SUMMARY.get("hit_tokens_vllm"),
            "hit_tokens_kvtier": SUMMARY.get("hit_tokens_kvtier"),
            "ttft_turn2_s": SUMMARY.get("ttft_turn2_s"),
            "events": SUMMARY.get("events"),
+           "eviction_between_schedule_and_load":
+               SUMMARY.get("eviction_between_schedule_and_load"),
            "miss_throughput_ratio": SUMMARY.get("miss_throughput_ratio"),
            "miss_rounds": SUMMARY.get("miss_rounds"),
            "miss_throughput_ratio_same_process": SUMMARY.get("miss_throughput_ratio_same_process"),

@@ -21,10 +21,11 @@ def kvtier_bin() -> str:
 
 
 class Daemon(ServeDaemon):
-    """A host tier (64 MiB) and, with disk_dir, an SSD tier (256 MiB) below it."""
+    """A host tier (host_capacity, 64 MiB) and, with disk_dir, an SSD tier (256 MiB) below it."""
 
-    def __init__(self, directory, layout_yaml: str, disk_dir: str | None = None):
-        tiers = ["{kind: host, capacity: 64MiB}"]
+    def __init__(self, directory, layout_yaml: str, disk_dir: str | None = None,
+                 host_capacity: str = "64MiB"):
+        tiers = [f"{{kind: host, capacity: {host_capacity}}}"]
         if disk_dir:
             tiers.append(f"{{kind: disk, capacity: 256MiB, params: {{path: {disk_dir}}}}}")
         super().__init__("", directory, layout_yaml, tiers)

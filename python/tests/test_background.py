@@ -1,14 +1,16 @@
-"""An engine connector's background stores (kvtier.integrations.background), outside any engine:
-the saver's order, waits, bounds and failures, and the staging pool's reuse."""
+"""An engine connector's background stores (kvtier.AsyncStore, the library's queue, through
+kvtier.integrations.background), outside any engine: order, waits, bounds and failures, and the
+staging pool's reuse."""
 
 import os
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 import kvtier
-from kvtier.integrations.background import Saver, StagingPool, check_nice, runs_idle
+from kvtier.integrations.background import StagingPool, check_nice, runs_idle, saver_for
 
 
 def small_layout():
@@ -31,144 +33,155 @@ def blocks(cache, n, seed):
     return rng.integers(0, 255, size=(n, cache.layout.bytes_per_block), dtype=np.uint8)
 
 
-class GatedCache:
-    """Stands in for a KvCache whose stores wait for a gate: the saver's queue and waits can be
-    observed while a store is in flight."""
+class Gate:
+    """A done callback that holds the thread that runs it until the test opens the gate: the
+    queue and the waits can be observed while a batch is in flight."""
 
-    def __init__(self, fail_first=False, gate_only_first=False):
+    def __init__(self):
         self.gate = threading.Event()
-        self.entered = threading.Event()  # a store is in flight
-        self.stored = []
-        self.fail_first = fail_first
-        self.gate_only_first = gate_only_first  # later stores pass at once
+        self.entered = threading.Event()
+        self.threads = []
 
-    def store_keys(self, keys, blocks, **kw):
-        first = not self.entered.is_set()
+    def __call__(self, results):
+        self.threads.append(threading.get_ident())
         self.entered.set()
-        if first or not self.gate_only_first:
-            assert self.gate.wait(30), "the test never opened the gate"
-        if self.fail_first and not self.stored:
-            self.stored.append(None)
-            raise kvtier.Unavailable("the daemon went away")
-        self.stored.append([(k.hi, k.lo) for k in keys])
-        return len(keys)
+        assert self.gate.wait(30), "the test never opened the gate"
+
+
+def keys_of(pairs):
+    return [kvtier.BlockKey(hi, lo) for hi, lo in pairs]
 
 
 def test_saver_stores_batches_in_order_and_reports_each_entry(cache):
-    saver = Saver(cache, nice=None)
-    a, b = chain(cache, 0, 3), chain(cache, 1000, 2)
-    got = []
-    done = threading.Event()
-    assert saver.put([(a, blocks(cache, 3, 1), 0, "", ""), (b, blocks(cache, 2, 2), 0, "", "")],
-                     lambda results: (got.extend(results), done.set()))
-    assert done.wait(30) and saver.wait_idle(30)
-    assert [r.stored_blocks for r, _ in got] == [3, 2] and [e for _, e in got] == [None, None]
-    with cache.lookup_keys([kvtier.BlockKey(hi, lo) for hi, lo in a]) as hit:
-        assert hit.hit_blocks == 3
-        out = np.zeros((3, cache.layout.bytes_per_block), dtype=np.uint8)
-        assert cache.load(hit, out).loaded_blocks == 3
-    np.testing.assert_array_equal(out, blocks(cache, 3, 1))
+    with kvtier.AsyncStore(cache, nice=None) as saver:
+        a, b = chain(cache, 0, 3), chain(cache, 1000, 2)
+        got = []
+        done = threading.Event()
+        assert saver.submit([(a, blocks(cache, 3, 1), 0, "", ""),
+                             (keys_of(b), blocks(cache, 2, 2), 0, "", "")],
+                            lambda results: (got.extend(results), done.set()))
+        assert done.wait(30) and saver.wait_idle(30)
+        assert [r.stored_blocks for r, _ in got] == [3, 2] and [e for _, e in got] == [None, None]
+        with cache.lookup_keys(keys_of(a)) as hit:
+            assert hit.hit_blocks == 3
+            out = np.zeros((3, cache.layout.bytes_per_block), dtype=np.uint8)
+            assert cache.load(hit, out).loaded_blocks == 3
+        np.testing.assert_array_equal(out, blocks(cache, 3, 1))
+        assert saver.stats()["stored_batches"] == 1
 
 
-def test_wait_for_waits_only_for_keys_being_stored():
-    fake = GatedCache()
-    saver = Saver(fake, nice=None)
-    mine, other = [(1, 1), (1, 2)], [(2, 1)]
-    assert saver.put([(mine, None, 0, "", "")], lambda results: None)
-    assert fake.entered.wait(30)  # in flight on the saver's thread
-    assert saver.wait_for(other, timeout=0.0)  # not being stored: no wait at all
-    assert not saver.wait_for(mine, timeout=0.05)  # still in flight: the timeout bounds it
-    assert not saver.wait_idle(0.05)
-    fake.gate.set()
-    assert saver.wait_for(mine, timeout=30) and saver.wait_idle(30)
-    assert fake.stored == [mine]
+def test_a_waiter_stores_queued_keys_itself_and_waits_only_for_those_in_flight(cache):
+    # The saver's thread is held in the first batch's callback (as a thread at SCHED_IDLE is
+    # when other threads keep every CPU busy); a lookup needing the second batch stores it itself.
+    gate = Gate()
+    with kvtier.AsyncStore(cache, nice=None) as saver:
+        first, second, third = chain(cache, 0, 1), chain(cache, 100, 1), chain(cache, 200, 2)
+        ran_on = {}
+        assert saver.submit([(first, blocks(cache, 1, 1), 0, "", "")], gate)
+        assert gate.entered.wait(30)
+        for name, keys in (("second", second), ("third", third)):
+            assert saver.submit([(keys, blocks(cache, len(keys), 2), 0, "", "")],
+                                lambda r, name=name: ran_on.setdefault(name, threading.get_ident()))
+        assert saver.wait_for(chain(cache, 900, 1), timeout=0.0)  # nobody stores it: no wait
+        assert saver.wait_for(second, timeout=0.0)  # stored on this thread: no wait at all
+        assert ran_on == {"second": threading.get_ident()}
+        with cache.lookup_keys(keys_of(second)) as hit:
+            assert hit.hit_blocks == 1
+        assert not saver.wait_for(first, timeout=0.05)  # in flight on the thread: waited for
+        assert not saver.wait_idle(0.05)
+        gate.gate.set()
+        assert saver.wait_idle(30)
+        assert ran_on["third"] == gate.threads[0] != threading.get_ident()
+        assert saver.stats()["stored_by_waiters"] == 1
 
 
-def test_a_waiter_stores_queued_keys_itself_and_waits_only_for_those_in_flight():
-    # The saver's thread is held inside the first store (as a thread at SCHED_IDLE is when
-    # other threads keep every CPU busy); a lookup needing the second batch stores it itself.
-    fake = GatedCache(gate_only_first=True)
-    saver = Saver(fake, nice=None)
-    first, second, third = [(1, 1)], [(2, 1)], [(3, 1)]
-    ran_on = {}
-    assert saver.put([(first, None, 0, "", "")], lambda r: None)
-    assert fake.entered.wait(30)
-    for name, keys in (("second", second), ("third", third)):
-        assert saver.put([(keys, None, 0, "", "")],
-                         lambda r, name=name: ran_on.setdefault(name, threading.get_ident()))
-    assert saver.wait_for(second, timeout=0.0)  # stored on this thread: no wait at all
-    assert fake.stored == [second] and ran_on == {"second": threading.get_ident()}
-    assert not saver.wait_for(first, timeout=0.05)  # in flight on the thread: waited for
-    assert not saver.wait_idle(0.05)
-    fake.gate.set()
-    assert saver.wait_idle(30)
-    assert fake.stored == [second, first, third] and ran_on["third"] == saver.thread.ident
-
-
-def test_full_queue_refuses_a_batch_and_keeps_the_rest():
-    fake = GatedCache()
-    saver = Saver(fake, nice=None)
+def test_full_queue_refuses_a_batch_and_keeps_the_rest(cache):
+    gate = Gate()
     calls = []
-    # One batch is taken by the thread (blocked at the gate), MAX_PENDING wait in the queue.
-    assert saver.put([([(0, 0)], None, 0, "", "")], calls.append)
-    assert fake.entered.wait(30)
-    accepted = [saver.put([([(i, 1)], None, 0, "", "")], calls.append)
-                for i in range(1, Saver.MAX_PENDING + 2)]
-    assert accepted == [True] * Saver.MAX_PENDING + [False] and saver.dropped == 1
-    assert saver.wait_for([(Saver.MAX_PENDING + 1, 1)], 0)  # the refused keys are not pending
-    fake.gate.set()
-    assert saver.wait_idle(30)
-    assert len(calls) == Saver.MAX_PENDING + 1  # a refused batch's callback never runs
-    assert fake.stored == [[(i, 1 if i else 0)] for i in range(Saver.MAX_PENDING + 1)]
+    with kvtier.AsyncStore(cache, max_batches=4, nice=None) as saver:
+        # One batch is held by the thread in its callback, three wait in the queue.
+        assert saver.submit([(chain(cache, 0, 1), blocks(cache, 1, 0), 0, "", "")], gate)
+        assert gate.entered.wait(30)
+        refused = chain(cache, 4000, 2)
+        accepted = [saver.submit([(chain(cache, 1000 * i, 1), blocks(cache, 1, i), 0, "", "")],
+                                 calls.append) for i in range(1, 4)]
+        accepted.append(saver.submit([(refused, blocks(cache, 2, 9), 0, "", "")], calls.append))
+        assert accepted == [True, True, True, False] and saver.dropped == 1
+        assert saver.stats()["dropped_blocks"] == 2
+        assert saver.wait_for(refused, 0)  # the refused keys are not pending
+        gate.gate.set()
+        assert saver.wait_idle(30)
+    assert len(calls) == 3  # a refused batch's callback never runs
+    with cache.lookup_keys(keys_of(refused)) as hit:
+        assert hit.hit_blocks == 0
 
 
-def test_a_failed_store_and_a_failing_callback_do_not_stop_the_saver():
-    fake = GatedCache(fail_first=True)
-    fake.gate.set()
-    saver = Saver(fake, nice=None)
-    results = []
+def test_a_failing_callback_does_not_stop_the_saver(cache, monkeypatch):
+    results, reported = [], []
+    # The callback's exception is reported as unraisable (the thread has no caller to raise to).
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
 
     def bad_callback(r):
         results.append(r)
         raise RuntimeError("a bug in the engine's callback")
 
-    assert saver.put([([(1, 1)], None, 0, "", "")], bad_callback)
-    assert saver.put([([(2, 2)], None, 0, "", "")], results.append)
-    assert saver.wait_idle(30)
+    with kvtier.AsyncStore(cache, nice=None) as saver:
+        assert saver.submit([(chain(cache, 0, 1), blocks(cache, 1, 1), 0, "", "")], bad_callback)
+        assert saver.submit([(chain(cache, 50, 1), blocks(cache, 1, 2), 0, "", "")],
+                            results.append)
+        assert saver.wait_idle(30)
     (first,), (second,) = results
-    assert first[0] is None and isinstance(first[1], kvtier.Unavailable)
-    assert second == (1, None)
-    assert saver.wait_for([(1, 1), (2, 2)], 0)  # nothing left pending
+    assert first[0].stored_blocks == 1 and second[0].stored_blocks == 1
+    assert [str(e) for e in reported] == ["a bug in the engine's callback"]
 
 
-def test_wrong_size_block_is_an_error_for_that_entry_only(cache):
-    saver = Saver(cache, nice=None)
+def test_a_failed_store_is_that_entrys_error():
+    # A daemon that is not running: the store fails with Unavailable, reported per entry.
+    layout = small_layout()
+    client = kvtier.Client.connect(layout, socket="/nonexistent/kvtier.sock", model_id="m",
+                                   timeout_ms=50)
     got = []
-    wrong = np.zeros((1, 10), dtype=np.uint8)
-    assert saver.put([(chain(cache, 0, 1), wrong, 0, "", ""),
-                      (chain(cache, 500, 1), blocks(cache, 1, 3), 0, "", "")], got.extend)
-    assert saver.wait_idle(30)
-    assert isinstance(got[0][1], ValueError) and got[1][0].stored_blocks == 1
+    with kvtier.AsyncStore(client, nice=None) as saver:
+        keys = kvtier.hash_prefix(client.root(), 16, list(range(16)))
+        assert saver.submit([(keys, np.zeros((1, layout.bytes_per_block), np.uint8), 0, "", "")],
+                            got.extend)
+        assert saver.wait_idle(30)
+    (result, error), = got
+    assert result is None or result.failed_blocks == 1
+    assert result is not None or "Unavailable" in error
+
+
+def test_wrong_size_block_is_refused_at_submit_and_nothing_is_queued(cache):
+    with kvtier.AsyncStore(cache, nice=None) as saver:
+        wrong = np.zeros((1, 10), dtype=np.uint8)
+        with pytest.raises(ValueError, match=r"batch\[1\] blocks"):
+            saver.submit([(chain(cache, 500, 1), blocks(cache, 1, 3), 0, "", ""),
+                          (chain(cache, 0, 1), wrong, 0, "", "")], None)
+        assert saver.stats()["submitted_batches"] == 0
+        with pytest.raises(ValueError, match="nice"):
+            kvtier.AsyncStore(cache, nice="low")
+    with pytest.raises(kvtier.Unavailable, match="closed"):
+        saver.submit([], None)
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread nice levels are Linux only")
-def test_saver_thread_runs_at_its_nice_level():
-    fake = GatedCache()
-    fake.gate.set()
-    saver = Saver(fake, nice=12)
-    assert saver.put([([(1, 1)], None, 0, "", "")], lambda r: None) and saver.wait_idle(30)
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    want = 12 if (12 > own or os.geteuid() == 0) else own
-    assert os.getpriority(os.PRIO_PROCESS, saver.thread.native_id) == want
+def test_saver_thread_runs_at_its_nice_level(cache):
+    with kvtier.AsyncStore(cache, nice=12) as saver:
+        assert saver.submit([(chain(cache, 0, 1), blocks(cache, 1, 1), 0, "", "")])
+        assert saver.wait_idle(30)
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        want = 12 if (12 > own or os.geteuid() == 0) else own
+        assert os.getpriority(os.PRIO_PROCESS, saver.thread_id) == want
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux only")
-def test_saver_thread_runs_at_sched_idle_by_default():
-    fake = GatedCache()
-    fake.gate.set()
-    saver = Saver(fake)
-    assert saver.put([([(1, 1)], None, 0, "", "")], lambda r: None) and saver.wait_idle(30)
-    assert runs_idle(saver.thread.native_id) and not runs_idle(threading.get_native_id())
+def test_saver_thread_runs_at_sched_idle_by_default(cache):
+    saver = saver_for(cache)
+    assert saver is saver_for(cache)  # one per cache in a process
+    assert saver.submit([(chain(cache, 0, 1), blocks(cache, 1, 1), 0, "", "")])
+    assert saver.wait_idle(30)
+    assert runs_idle(saver.thread_id) and not runs_idle(threading.get_native_id())
+    saver.close()
 
 
 def test_nice_levels_are_checked():

@@ -14,6 +14,9 @@ offline on token ids. A two-turn agentic conversation: turn 2 = turn 1 + its out
      connector says so once in the log.
   G  vLLM's own KV events on and kvtier's (in process) beside them: kvtier announces the blocks
      vLLM evicted with vLLM's own hashes (issue 29).
+  H  another process evicts between the scheduler's promise and the worker's load: the
+     scheduler's pins keep the promised blocks (and, with the pins let go, the misses are
+     counted and recomputed).
 Measured (printed, not asserted): turn-2 TTFT with and without kvtier, and the 0%-hit
 throughput with the connector over without it, paired: two fresh vLLM processes, one with the
 connector (daemon backend) and one without, measured in alternating rounds; the ratio is the
@@ -234,6 +237,43 @@ def test_run_g_events_name_offloaded_blocks_as_vllm_does(env, backend, tmp_path)
     SUMMARY.setdefault("events", {})[backend] = {
         "gpu_hashes": len(set(gpu)), "cpu_hashes": len(set(cpu)),
         "evicted_from_gpu_kept_on_cpu": len(evicted)}
+
+
+@pytest.mark.parametrize("pins", ["held", "released"])
+def test_run_h_eviction_between_schedule_and_load(env, pins, tmp_path):
+    """Another process fills the daemon's host tier (6 blocks) with 32 blocks of its own after
+    the scheduler promised turn 2 its 4 blocks and before the worker loads them. held: the
+    scheduler's pins keep them (0 promised-but-missed, all 4 loaded); released (the control,
+    pins let go before the flood): they are evicted, the misses are counted, and vLLM recomputes
+    them, its tokens equal either way."""
+    daemon = Daemon(tmp_path, DAEMON_LAYOUT, host_capacity="3MiB").start()
+    try:
+        kv = {"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000,
+              "stats_path": str(tmp_path / "stats"), "planner": "always-load"}
+        spec = {"model": env["model"], "prefix_caching": False, "kvtier": kv,
+                "phases": ["conversation"], "executor": "uni",
+                "flood_before_load": {"socket": daemon.socket, "blocks": 32,
+                                      "release_pins": pins == "released"}}
+        h, log = _run(["run", json.dumps(spec)])
+    finally:
+        daemon.kill()
+    with open(tmp_path / "stats.worker.json") as f:
+        worker = json.load(f)
+    c, host = worker["connector"], worker["kvtier"]["tiers"][0]
+    assert h["flood"]["stored"] >= 2, h["flood"]  # the flood got room: it evicted
+    assert host["evictions"] >= h["flood"]["stored"] - 2, host
+    if pins == "held":
+        assert c["promised_missed_blocks"] == 0, c
+        assert c["load_blocks"] == 4 and h["vllm_external_hits"] == 4 * KVTIER_BLOCK, c
+    else:
+        assert c["promised_missed_blocks"] == 4, c
+        assert c["load_failed_blocks"] == 4, c
+    SUMMARY.setdefault("eviction_between_schedule_and_load", {})[pins] = {
+        "flood_stored": h["flood"]["stored"], "evictions": host["evictions"],
+        "promised_missed_blocks": c["promised_missed_blocks"], "loaded": c["load_blocks"]}
+    if "B" in RESULTS:
+        assert outputs(h["passes"][0]) == outputs(RESULTS["B"]["passes"][1]), \
+            "output tokens differ from run B's"
 
 
 def test_measured_ttft():

@@ -3,11 +3,14 @@
     python vllm_run.py make-model DIR [PRESET]   (PRESET: test, or a family of vllm_offline)
     python vllm_run.py run SPEC_JSON
     python vllm_run.py serve SPEC_JSON   (the 0%-hit throughput, driven over stdin; see serve())
+    python vllm_run.py flood SPEC_JSON   (another process's stores into a daemon; see flood())
 
 A run drives vLLM offline on token ids (no tokenizer, no hub), greedy, eager. SPEC_JSON:
   model: the model folder; prefix_caching: bool; kvtier: null or the connector's extra config;
   phases: "conversation" (turn 1, then turn 2 = turn 1 + its output + new tokens, repeated
-  `passes` times; vLLM's counters are read right after it).
+  `passes` times; vLLM's counters are read right after it); flood_before_load: null or
+  {socket, blocks, release_pins}: another process stores blocks into the daemon between the
+  scheduler's promise of a load and the worker's load (flood_between_schedule_and_load).
 """
 
 import json
@@ -29,9 +32,60 @@ def make_model(path: str, preset: str = "test") -> None:
     print(json.dumps({"model": path}))
 
 
+def flood(spec: dict) -> None:
+    """Another process's stores: spec["blocks"] fresh blocks of the tiny Llama's layout into the
+    daemon at spec["socket"], as many as fit; prints KVTIER_FLOOD {"stored", "failed"}."""
+    import numpy as np
+
+    import kvtier
+
+    layout = kvtier.KvLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="fp32",
+                             block_tokens=KVTIER_BLOCK)
+    c = kvtier.Client.connect(layout, socket=spec["socket"], model_id="flood", timeout_ms=5000)
+    if not c.wait_connected(5000):
+        raise SystemExit(f"flood: no daemon at {spec['socket']}")
+    data = np.ones((1, layout.bytes_per_block), np.uint8)
+    stored = failed = 0
+    for i in range(spec["blocks"]):
+        r = c.store(tokens(9000 + i, KVTIER_BLOCK), data)
+        stored += r.stored_blocks
+        failed += r.failed_blocks
+    print("KVTIER_FLOOD " + json.dumps({"stored": stored, "failed": failed}), flush=True)
+
+
+def flood_between_schedule_and_load(spec: dict, out: dict) -> None:
+    """Runs `flood` in another process once, after the scheduler has promised a request blocks
+    to load and before the worker loads them (the executor runs both halves in this process).
+    release_pins: the scheduler's pins are let go first, so the flood may evict those blocks."""
+    import subprocess
+
+    from kvtier.integrations import vllm as conn
+
+    original = conn.KvtierConnector.build_connector_meta
+
+    def build(self, scheduler_output):
+        meta = original(self, scheduler_output)
+        if getattr(meta, "loads", None) and "flood" not in out:
+            if spec.get("release_pins"):
+                for st in self._reqs.values():
+                    self._release(st)
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "flood",
+                                json.dumps(spec)], capture_output=True, text=True, timeout=120)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("KVTIER_FLOOD ")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"flood failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+            out["flood"] = json.loads(lines[-1][len("KVTIER_FLOOD "):])
+        return meta
+
+    conn.KvtierConnector.build_connector_meta = build
+
+
 def run(spec: dict) -> dict:
+    out = {"pid": os.getpid()}
+    if spec.get("flood_before_load"):
+        flood_between_schedule_and_load(spec["flood_before_load"], out)
     llm, start_s = make_llm(spec)
-    out = {"pid": os.getpid(), "start_s": start_s}
+    out["start_s"] = start_s
 
     def counters():
         return {"vllm_external_hits": metric_sum(llm, "vllm:external_prefix_cache_hits"),
@@ -108,9 +162,11 @@ def background_cpu(hooks) -> dict[str, float]:
         return out
     from kvtier.integrations import background
 
-    threads = [s.thread for s in background.savers()]
+    for s in background.savers():  # the library's store thread
+        out["kvtier-store"] = out.get("kvtier-store", 0.0) + s.thread_cpu_seconds()
     from kvtier.integrations import vllm_support
 
+    threads = []
     if vllm_support._stats_writer is not None:
         threads.append(vllm_support._stats_writer._thread)
     for th in threads:
@@ -202,7 +258,7 @@ def serve(spec: dict) -> None:
                 doc = {"hook_calls": dict(hooks.HOOK_CALLS),
                        "hook_seconds": dict(hooks.HOOK_SECONDS_BY_NAME),
                        "counters": hooks.connector_counters(),
-                       "saver_idle": [background.runs_idle(s.thread.native_id)
+                       "saver_idle": [background.runs_idle(s.thread_id)
                                       for s in background.savers()]}
             say("KVTIER_DONE", doc)
             break
@@ -213,6 +269,8 @@ if __name__ == "__main__":
         make_model(sys.argv[2], *sys.argv[3:4])
     elif sys.argv[1] == "serve":
         serve(json.loads(sys.argv[2]))
+    elif sys.argv[1] == "flood":
+        flood(json.loads(sys.argv[2]))
     else:
         result = run(json.loads(sys.argv[2]))
         print("KVTIER_RUN " + json.dumps(result), flush=True)

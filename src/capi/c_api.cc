@@ -2,14 +2,17 @@
 // point catches what the C++ side could throw (std::bad_alloc above all) and reports it.
 #include "kvtier/c_api.h"
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kvtier/async_store.h"
 #include "kvtier/cache.h"
 #include "kvtier/client.h"
 #include "kvtier/config.h"
@@ -19,6 +22,20 @@
 
 struct kvtier_cache {
   std::unique_ptr<kvtier::KvCache> impl;
+  // The asynchronous stores' queue, made by the first kvtier_store_async (or
+  // kvtier_store_queue_open); declared after impl, so it drains and goes first.
+  std::mutex saves_mu;
+  std::unique_ptr<kvtier::AsyncStore> saves;
+
+  kvtier::AsyncStore& Saves(const kvtier::AsyncStoreOptions& o = {}) {
+    std::lock_guard<std::mutex> l(saves_mu);
+    if (!saves) saves = std::make_unique<kvtier::AsyncStore>(*impl, o);
+    return *saves;
+  }
+  kvtier::AsyncStore* SavesIfOpen() {
+    std::lock_guard<std::mutex> l(saves_mu);
+    return saves.get();
+  }
 };
 
 struct kvtier_lookup {
@@ -79,12 +96,20 @@ kvtier_code Guard(const char* what, Fn&& fn) {
 // Unavailable when a client cannot reach its daemon.
 kvtier::Result<std::vector<std::pair<std::string, uint64_t>>> FlatStatsOf(
     const kvtier_cache* cache) {
+  std::vector<std::pair<std::string, uint64_t>> out;
   if (auto* client = dynamic_cast<kvtier::Client*>(cache->impl.get())) {
     kvtier::Result<kvtier::DaemonStatus> d = client->GetDaemonStatus();
     if (!d.ok()) return d.status();
-    return kvtier::FlatStats(d->cache, &*d);
+    out = kvtier::FlatStats(d->cache, &*d);
+  } else {
+    out = kvtier::FlatStats(cache->impl->stats(), nullptr);
   }
-  return kvtier::FlatStats(cache->impl->stats(), nullptr);
+  // The store queue's own, in this process (zero until it is opened).
+  kvtier::AsyncStoreStats a;
+  if (kvtier::AsyncStore* saves = const_cast<kvtier_cache*>(cache)->SavesIfOpen())
+    a = saves->stats();
+  for (const auto& [n, v] : kvtier::AsyncStoreFields(a)) out.emplace_back(n, v);
+  return out;
 }
 
 kvtier::RequestOptions ToRequest(const kvtier_request* r) {
@@ -95,6 +120,51 @@ kvtier::RequestOptions ToRequest(const kvtier_request* r) {
   o.session_id = r->session_id;
   return o;
 }
+
+kvtier_store_result ToResult(const kvtier::StoreResult& r) {
+  return kvtier_store_result{r.stored_blocks, r.present_blocks, r.failed_blocks};
+}
+
+// A store's blocks and engine hashes, checked and converted (kvtier_store, kvtier_store_async).
+struct StoreArgs {
+  std::vector<kvtier::ConstBlock> spans;
+  std::vector<kvtier::EngineBlockHashes> hashes;
+
+  kvtier_code Read(const std::string& what, const kvtier_cache* cache, const uint32_t* tokens,
+                   size_t num_tokens, const void* const* blocks, size_t num_blocks,
+                   const kvtier_engine_hashes* engine) {
+    if (cache == nullptr || (tokens == nullptr && num_tokens > 0) ||
+        (blocks == nullptr && num_blocks > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT, what + ": cache, tokens or blocks is NULL");
+    const size_t bytes = cache->impl->layout().bytes_per_block();
+    spans.resize(num_blocks);
+    for (size_t i = 0; i < num_blocks; ++i) {
+      if (blocks[i] == nullptr)
+        return Fail(KVTIER_INVALID_ARGUMENT, what + ": blocks[" + std::to_string(i) + "] is NULL");
+      spans[i] = {static_cast<const std::byte*>(blocks[i]), bytes};
+    }
+    if (engine == nullptr) return KVTIER_OK;
+    hashes.resize(num_blocks);
+    for (size_t i = 0; i < num_blocks; ++i) {
+      const kvtier_engine_hashes& e = engine[i];
+      const std::string at = what + ": engine[" + std::to_string(i) + "]";
+      if (e.num_hashes == 0) continue;
+      if (e.hash_bytes == 0 || e.hash_bytes > 64)
+        return Fail(KVTIER_INVALID_ARGUMENT,
+                    at + ".hash_bytes " + std::to_string(e.hash_bytes) + " is not 1..64");
+      if (e.hashes == nullptr || (e.token_ids == nullptr && e.num_tokens > 0))
+        return Fail(KVTIER_INVALID_ARGUMENT, at + ": hashes or token_ids is NULL");
+      const char* h = reinterpret_cast<const char*>(e.hashes);
+      for (size_t j = 0; j < e.num_hashes; ++j)
+        hashes[i].hashes.emplace_back(h + j * e.hash_bytes, e.hash_bytes);
+      if (e.parent != nullptr)
+        hashes[i].parent_hash.assign(reinterpret_cast<const char*>(e.parent), e.hash_bytes);
+      hashes[i].token_ids.assign(e.token_ids, e.token_ids + e.num_tokens);
+      if (e.lora_name != nullptr) hashes[i].lora_name = e.lora_name;
+    }
+    return KVTIER_OK;
+  }
+};
 
 kvtier_code OpenFrom(kvtier::Result<kvtier::CacheOptions> options, kvtier_cache** out) {
   if (!options.ok()) return Report(options.status());
@@ -269,48 +339,125 @@ kvtier_code kvtier_store_with_hashes(kvtier_cache* cache, const uint32_t* tokens
                                      kvtier_store_result* result) {
   return Guard("kvtier_store", [&] {
     if (result != nullptr) *result = kvtier_store_result{};
-    if (cache == nullptr || (tokens == nullptr && num_tokens > 0) ||
-        (blocks == nullptr && num_blocks > 0))
-      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store: cache, tokens or blocks is NULL");
-    const size_t bytes = cache->impl->layout().bytes_per_block();
-    std::vector<kvtier::ConstBlock> spans(num_blocks);
-    for (size_t i = 0; i < num_blocks; ++i) {
-      if (blocks[i] == nullptr)
-        return Fail(KVTIER_INVALID_ARGUMENT,
-                    "kvtier_store: blocks[" + std::to_string(i) + "] is NULL");
-      spans[i] = {static_cast<const std::byte*>(blocks[i]), bytes};
-    }
-    std::vector<kvtier::EngineBlockHashes> hashes;
-    if (engine != nullptr) {
-      hashes.resize(num_blocks);
-      for (size_t i = 0; i < num_blocks; ++i) {
-        const kvtier_engine_hashes& e = engine[i];
-        const std::string at = "kvtier_store: engine[" + std::to_string(i) + "]";
-        if (e.num_hashes == 0) continue;
-        if (e.hash_bytes == 0 || e.hash_bytes > 64)
-          return Fail(KVTIER_INVALID_ARGUMENT,
-                      at + ".hash_bytes " + std::to_string(e.hash_bytes) + " is not 1..64");
-        if (e.hashes == nullptr || (e.token_ids == nullptr && e.num_tokens > 0))
-          return Fail(KVTIER_INVALID_ARGUMENT, at + ": hashes or token_ids is NULL");
-        const char* h = reinterpret_cast<const char*>(e.hashes);
-        for (size_t j = 0; j < e.num_hashes; ++j)
-          hashes[i].hashes.emplace_back(h + j * e.hash_bytes, e.hash_bytes);
-        if (e.parent != nullptr)
-          hashes[i].parent_hash.assign(reinterpret_cast<const char*>(e.parent), e.hash_bytes);
-        hashes[i].token_ids.assign(e.token_ids, e.token_ids + e.num_tokens);
-        if (e.lora_name != nullptr) hashes[i].lora_name = e.lora_name;
-      }
-    }
+    StoreArgs a;
+    if (kvtier_code c =
+            a.Read("kvtier_store", cache, tokens, num_tokens, blocks, num_blocks, engine);
+        c != KVTIER_OK)
+      return c;
     kvtier::RequestOptions rq = ToRequest(request);
-    rq.engine_hashes = hashes;
+    rq.engine_hashes = a.hashes;
     auto r =
-        cache->impl->Store(std::span<const uint32_t>(tokens, num_tokens), spans, first_block, rq);
+        cache->impl->Store(std::span<const uint32_t>(tokens, num_tokens), a.spans, first_block, rq);
     if (!r.ok()) return Report(r.status());
-    if (result != nullptr) {
-      result->stored_blocks = r->stored_blocks;
-      result->present_blocks = r->present_blocks;
-      result->failed_blocks = r->failed_blocks;
+    if (result != nullptr) *result = ToResult(*r);
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store_queue_open(kvtier_cache* cache,
+                                    const kvtier_store_queue_options* options) {
+  return Guard("kvtier_store_queue_open", [&] {
+    if (cache == nullptr || options == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store_queue_open: cache or options is NULL");
+    kvtier::AsyncStoreOptions o;
+    if (options->max_batches != 0) o.max_batches = options->max_batches;
+    switch (options->priority) {
+      case KVTIER_PRIORITY_IDLE:
+        o.priority = kvtier::AsyncStoreOptions::Priority::kIdle;
+        break;
+      case KVTIER_PRIORITY_NICE:
+        if (options->nice < -20 || options->nice > 19)
+          return Fail(
+              KVTIER_INVALID_ARGUMENT,
+              "kvtier_store_queue_open: nice " + std::to_string(options->nice) + " is not -20..19");
+        o.priority = kvtier::AsyncStoreOptions::Priority::kNice;
+        o.nice = options->nice;
+        break;
+      case KVTIER_PRIORITY_INHERIT:
+        o.priority = kvtier::AsyncStoreOptions::Priority::kInherit;
+        break;
+      default:
+        return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store_queue_open: unknown priority " +
+                                                 std::to_string(options->priority));
     }
+    if (cache->SavesIfOpen() != nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT,
+                  "kvtier_store_queue_open: the queue is open already (opened by an earlier "
+                  "kvtier_store_queue_open or kvtier_store_async)");
+    cache->Saves(o);
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store_async(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                               const void* const* blocks, size_t num_blocks, uint32_t first_block,
+                               const kvtier_request* request, const kvtier_engine_hashes* engine,
+                               kvtier_store_done done, void* user) {
+  return Guard("kvtier_store_async", [&] {
+    StoreArgs a;
+    if (kvtier_code c =
+            a.Read("kvtier_store_async", cache, tokens, num_tokens, blocks, num_blocks, engine);
+        c != KVTIER_OK)
+      return c;
+    kvtier::RequestOptions rq = ToRequest(request);
+    auto keys = cache->impl->KeysOf(std::span<const uint32_t>(tokens, num_tokens), first_block,
+                                    num_blocks, rq);
+    if (!keys.ok()) return Report(keys.status());
+    std::vector<kvtier::StoreJob> batch(1);
+    kvtier::StoreJob& job = batch[0];
+    job.keys = *std::move(keys);
+    job.blocks = std::move(a.spans);
+    job.first_block = first_block;
+    job.tenant = rq.tenant;
+    job.lora_id = rq.lora_id;
+    job.session_id = rq.session_id;
+    job.engine_hashes = std::move(a.hashes);
+    const bool queued = cache->Saves().Submit(std::move(batch), [done, user](auto& results) {
+      if (done == nullptr) return;
+      const auto& r = results[0];
+      if (r.ok()) {
+        const kvtier_store_result out = ToResult(*r);
+        done(user, KVTIER_OK, &out);
+      } else {
+        const kvtier_store_result none{};
+        done(user, CodeOf(r.status().code()), &none);
+      }
+    });
+    if (!queued)
+      return Fail(KVTIER_RESOURCE_EXHAUSTED,
+                  "kvtier_store_async: the store queue is full (the tiers fall behind); the "
+                  "blocks were not stored (counted as async.dropped_blocks)");
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store_wait(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                              const kvtier_request* request, uint32_t timeout_ms) {
+  return Guard("kvtier_store_wait", [&] {
+    if (cache == nullptr || (tokens == nullptr && num_tokens > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store_wait: cache or tokens is NULL");
+    kvtier::AsyncStore* saves = cache->SavesIfOpen();
+    if (saves == nullptr) return KVTIER_OK;
+    const uint32_t bt = cache->impl->layout().block_tokens;
+    auto keys = cache->impl->KeysOf(std::span<const uint32_t>(tokens, num_tokens), 0,
+                                    bt ? num_tokens / bt : 0, ToRequest(request));
+    if (!keys.ok()) return Report(keys.status());
+    if (!saves->WaitFor(*keys, std::chrono::milliseconds(timeout_ms)))
+      return Fail(KVTIER_UNAVAILABLE,
+                  "kvtier_store_wait: stores of these blocks still running "
+                  "after " +
+                      std::to_string(timeout_ms) + " ms");
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store_wait_idle(kvtier_cache* cache, uint32_t timeout_ms) {
+  return Guard("kvtier_store_wait_idle", [&] {
+    if (cache == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_store_wait_idle: NULL");
+    kvtier::AsyncStore* saves = cache->SavesIfOpen();
+    if (saves != nullptr && !saves->WaitIdle(std::chrono::milliseconds(timeout_ms)))
+      return Fail(KVTIER_UNAVAILABLE, "kvtier_store_wait_idle: stores still running after " +
+                                          std::to_string(timeout_ms) + " ms");
     return KVTIER_OK;
   });
 }

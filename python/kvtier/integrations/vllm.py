@@ -64,7 +64,6 @@ import kvtier  # noqa: E402
 from kvtier import backends  # noqa: E402
 from kvtier.backends import model_fingerprint  # noqa: E402
 from kvtier.integrations.background import (  # noqa: E402
-    Saver,
     StagingPool,
     check_nice,
     saver_for,
@@ -213,12 +212,12 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         self._tiers: list[tuple[str, str]] = []
         self._cost: CostModel | None = None
         self._cache: kvtier.KvCache | None = None
-        self._saver: Saver | None = None
+        self._saver: kvtier.AsyncStore | None = None
         self._dump_lock = threading.Lock()
         _CONNECTORS.add(self)
         try:
             self._cache = backends.shared_cache(self._config, self._layout)
-            self._saver = saver_for(self._cache, self._nice, logger)
+            self._saver = saver_for(self._cache, self._nice)
             if isinstance(self._cache, kvtier.Client):
                 self._check_daemon(int(extra.get("connect_wait_ms", 1000)))
             self._tiers = self._tier_names()

@@ -16,7 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 import kvtier
-from kvtier.integrations.background import StagingPool
+from kvtier.integrations.background import StagingPool, engine_hashes
 from kvtier.integrations.paged import GroupedPaged, PagedKv, layer_order
 from kvtier.integrations.vllm_support import (
     KvtierConnectorMetadata,
@@ -193,9 +193,10 @@ class WorkerHalf:
         for t in meta.saves:
             k = len(t.keys)
             batch.append((t.keys, staging[off:off + k], t.first_block, t.tenant, t.lora_id,
-                          t.session, t.engine))
+                          t.session, engine_hashes(t.engine)))
             off += k
-        if not self._saver.put(batch, lambda results, buf=buf: self._saved(batch, results, buf)):
+        if not self._saver.submit(batch,
+                                  lambda results, buf=buf: self._saved(batch, results, buf)):
             self._staging.give(buf)
             self._counters.add(save_failed_blocks=n)
             self._warn_once("save-queue", "kvtier: the save queue is full; dropping blocks "

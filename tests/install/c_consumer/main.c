@@ -64,6 +64,53 @@ static int CheckStatNames(kvtier_cache* cache, int daemon) {
   return 0;
 }
 
+struct Done {
+  int calls;
+  kvtier_code code;
+  kvtier_store_result result;
+};
+
+static void OnStored(void* user, kvtier_code code, const kvtier_store_result* result) {
+  struct Done* d = (struct Done*)user;
+  d->calls++;
+  d->code = code;
+  d->result = *result;
+}
+
+/* Asynchronous stores: the queue's options checked, a store that lands after the call returns,
+ * found by a lookup once kvtier_store_wait says it is done, and counted. */
+static int AsyncStores(kvtier_cache* cache, const void* const* in, int blocks) {
+  const uint32_t bt = kvtier_cache_block_tokens(cache);
+  uint32_t tokens[8 * 64];
+  CHECK((size_t)blocks * bt <= sizeof tokens / sizeof tokens[0]);
+  for (uint32_t i = 0; i < (uint32_t)blocks * bt; ++i) tokens[i] = 90000 + i * 3;
+  kvtier_store_queue_options qo = {8, 7, 0};
+  CHECK(kvtier_store_queue_open(cache, &qo) == KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "unknown priority 7") != NULL);
+  qo.priority = KVTIER_PRIORITY_NICE;
+  qo.nice = 5;
+  CHECK(kvtier_store_queue_open(cache, &qo) == KVTIER_OK);
+  CHECK(kvtier_store_queue_open(cache, &qo) == KVTIER_INVALID_ARGUMENT);
+  struct Done done = {0, KVTIER_INTERNAL, {0, 0, 0}};
+  CHECK(kvtier_store_async(cache, tokens, 5, in, 1, 0, NULL, NULL, OnStored, &done) ==
+        KVTIER_INVALID_ARGUMENT); /* 5 tokens make no full block */
+  CHECK(kvtier_store_async(cache, tokens, (size_t)blocks * bt, in, (size_t)blocks, 0, NULL, NULL,
+                           OnStored, &done) == KVTIER_OK);
+  CHECK(kvtier_store_wait(cache, tokens, (size_t)blocks * bt, NULL, 30000) == KVTIER_OK);
+  CHECK(done.calls == 1 && done.code == KVTIER_OK);
+  CHECK(done.result.stored_blocks == (uint32_t)blocks);
+  kvtier_lookup* lk = NULL;
+  CHECK(kvtier_lookup_tokens(cache, tokens, (size_t)blocks * bt, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == (uint32_t)blocks);
+  kvtier_lookup_free(lk);
+  CHECK(kvtier_store_wait_idle(cache, 30000) == KVTIER_OK);
+  uint64_t v = 0;
+  CHECK(kvtier_cache_stat(cache, "async.submitted_batches", &v) == KVTIER_OK && v == 1);
+  CHECK(kvtier_cache_stat(cache, "async.stored_batches", &v) == KVTIER_OK && v == 1);
+  CHECK(kvtier_cache_stat(cache, "async.dropped_blocks", &v) == KVTIER_OK && v == 0);
+  return 0;
+}
+
 /* The same round trip through a running `kvtier serve` on `socket`, and a client of a daemon that
  * is not there: misses within the deadline, never a hang. */
 static int ThroughDaemon(const char* socket) {
@@ -118,6 +165,7 @@ static int ThroughDaemon(const char* socket) {
   CHECK(memcmp(src, dst, kBlocks * bb) == 0);
   kvtier_lookup_free(lk);
   CHECK(CheckStatNames(cache, 1) == 0);
+  CHECK(AsyncStores(cache, in, kBlocks) == 0);
   kvtier_cache_close(cache);
 
   /* Another revision of the weights never sees these blocks. */
@@ -320,6 +368,7 @@ int main(int argc, char** argv) {
   CHECK(kvtier_cache_stats(cache, &st) == KVTIER_OK);
   CHECK(st.lookups == 3 && st.stored_blocks == kBlocks && st.hit_blocks == kBlocks);
   CHECK(CheckStatNames(cache, 0) == 0);
+  CHECK(AsyncStores(cache, in, kBlocks) == 0);
 
   kvtier_cache_close(cache);
   free(src);
