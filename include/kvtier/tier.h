@@ -30,6 +30,8 @@
 
 namespace kvtier {
 
+class HostTier;  // src/tiers/host: the tier behind shared_arena()
+
 // Tiers one cache stacks at most (tier masks and per-tier arrays are this wide).
 inline constexpr int kMaxTiers = 8;
 
@@ -138,6 +140,12 @@ class Tier {
 
   // Called (from any thread) with keys the tier dropped on its own. Set before use.
   void SetRemovalListener(RemovalListener listener);
+
+  // What only some tiers have, asked through the interface (the Cache core casts to no tier):
+  // the shared arena a daemon lends its clients (a host tier on a memfd), else null;
+  virtual HostTier* shared_arena() { return nullptr; }
+  // the keys of blocks the tier found at open (a disk tier's recovered records).
+  virtual std::vector<BlockKey> RecoveredKeys() const { return {}; }
 
  protected:
   Tier(std::string name, TierKind kind, const KvLayout& layout, uint64_t capacity_bytes);

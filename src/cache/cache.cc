@@ -346,7 +346,7 @@ CacheStats Cache::Impl::Stats() const {
   s.load_failed_blocks = load_failed_blocks_.load(std::memory_order_relaxed);
   s.stores = stores_.load(std::memory_order_relaxed);
   s.stored_blocks = stored_blocks_.load(std::memory_order_relaxed);
-  s.write_queue_waits = write_queue_waits_.load(std::memory_order_relaxed);
+  s.write_queue_waits = writer_ ? writer_->waits() : 0;
   s.promotions_dropped = promotions_dropped_.load(std::memory_order_relaxed);
   s.write_through_dropped_blocks = write_through_dropped_.load(std::memory_order_relaxed);
   s.lookup_latency_ns = lookup_latency_.Take();

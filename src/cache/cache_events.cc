@@ -1,6 +1,5 @@
 // The Cache's KV-event publisher: started at open, fed by Emit (cache_impl.h).
 #include "cache/cache_impl.h"
-#include "tiers/disk/disk_tier.h"
 
 namespace kvtier {
 
@@ -34,12 +33,9 @@ Status Cache::Impl::OpenEvents() {
   // The disk tier rebuilt its index from its files, but this Cache finds those blocks only when
   // a lookup asks: index them now, so that they are announced (after the publisher's
   // AllBlocksCleared) and their later eviction is announced too.
-  for (auto& st : tiers_) {
-    auto* disk = dynamic_cast<disk::DiskTier*>(st->tier.get());
-    if (!disk) continue;
-    for (const BlockKey& key : disk->store().Keys())
+  for (auto& st : tiers_)
+    for (const BlockKey& key : st->tier->RecoveredKeys())
       Emit(KvEvent::Type::kStored, key, st->index, index_.AddTier(key, st->index, 0));
-  }
   return Status::Ok();
 }
 

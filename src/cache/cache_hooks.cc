@@ -262,12 +262,12 @@ uint64_t Cache::Impl::DropMatching(const std::function<bool(const BlockKey&)>& m
 
 bool CacheHooks::HasSharedHost(const Cache& cache) {
   if (cache.impl_->tiers_.empty()) return false;
-  auto* host = dynamic_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
-  return host != nullptr && host->arena_fd() >= 0 && cache.impl_->tiers_[0]->caps.managed_by_cache;
+  return cache.impl_->tiers_[0]->tier->shared_arena() != nullptr &&
+         cache.impl_->tiers_[0]->caps.managed_by_cache;
 }
 
 HostTier& CacheHooks::SharedHost(Cache& cache) {
-  return *static_cast<HostTier*>(cache.impl_->tiers_[0]->tier.get());
+  return *cache.impl_->tiers_[0]->tier->shared_arena();
 }
 
 size_t CacheHooks::Reserve(Cache& cache, int partition, size_t n, std::vector<uint32_t>* slots) {

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -35,7 +36,7 @@ namespace kvtier {
 
 // Lock order. A thread holds at most one TierState::mu at a time, and takes BlockIndex's shard
 // locks (inside BlockIndex calls) only under it or under no lock, never the reverse.
-// writer_mu_ is a leaf: never held together with a TierState::mu. No tier call (Put, Get,
+// WriteQueue::mu_ is a leaf: never held together with a TierState::mu. No tier call (Put, Get,
 // Erase, Exists) and no on_event callback runs under any Cache lock: the write path reserves
 // room under TierState::mu, moves bytes without it, then commits under it again.
 struct TierState {
@@ -121,6 +122,42 @@ struct WriteJob {
   std::byte* Slot(size_t i, uint64_t block_bytes) { return staged.data() + i * block_bytes; }
 };
 
+// The writer: a queue of WriteJobs bounded in blocks, and the thread that hands everything
+// queued to `run` as one batch. It knows nothing of tiers or residency: Cache::Impl::RunJobs
+// does the lower-tier I/O, for the in-process Cache and the daemon alike (cache_writer.cc).
+class WriteQueue {
+ public:
+  using Run = std::function<void(std::vector<WriteJob>&)>;
+  // Starts the thread; every job queued before destruction runs (the destructor drains).
+  WriteQueue(size_t cap_blocks, Run run);
+  ~WriteQueue();
+  WriteQueue(const WriteQueue&) = delete;
+  WriteQueue& operator=(const WriteQueue&) = delete;
+
+  // Queues job; when the queue is full, waits for room (wait) or returns false. A job larger
+  // than the whole queue goes in once the queue is empty.
+  bool Enqueue(WriteJob job, bool wait) KVTIER_EXCLUDES(mu_);
+  // Waits until every job queued so far has run.
+  void Flush() KVTIER_EXCLUDES(mu_);
+  bool InWriter() const { return std::this_thread::get_id() == thread_.get_id(); }
+  uint64_t waits() const { return waits_.load(std::memory_order_relaxed); }  // Enqueues that waited
+
+ private:
+  void Loop() KVTIER_EXCLUDES(mu_);
+
+  const size_t cap_;
+  const Run run_;
+  std::atomic<uint64_t> waits_{0};
+  Mutex mu_;          // a leaf: never held with a TierState::mu
+  CondVar work_cv_;   // a job was queued, or stopping
+  CondVar space_cv_;  // the queue shrank, or became idle
+  std::deque<WriteJob> queue_ KVTIER_GUARDED_BY(mu_);
+  size_t queued_blocks_ KVTIER_GUARDED_BY(mu_) = 0;  // queued or being written
+  size_t busy_jobs_ KVTIER_GUARDED_BY(mu_) = 0;      // queued or being written
+  bool stop_ KVTIER_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 class Cache::Impl {
  public:
   explicit Impl(CacheOptions options)
@@ -144,8 +181,7 @@ class Cache::Impl {
       }
       st->caps = st->tier->capabilities();
       st->cache_verifies = st->caps.verify_on_load && !st->caps.verifies_reads;
-      if (auto* host = dynamic_cast<HostTier*>(st->tier.get()); host && host->arena_fd() >= 0)
-        st->arena_host = host;
+      st->arena_host = st->tier->shared_arena();
       st->tracks_positions = options_.write_mode == WriteMode::kWriteBack &&
                              i + 1 < options_.tiers.size() && st->caps.managed_by_cache;
       verify_any_ |= st->cache_verifies;
@@ -174,26 +210,20 @@ class Cache::Impl {
     // reserve finds no room: cut to half, the queue's backpressure comes first (Store waits;
     // the daemon's commit drops the write-through instead, see CommitHost). (Write-back victims
     // leave the tier staged: they pin nothing there.)
-    write_queue_cap_ = options_.write_queue_blocks;
-    if (write_queue_cap_ > 0 && options_.write_mode == WriteMode::kWriteThrough &&
-        tiers_.size() > 1 && tiers_[0]->caps.managed_by_cache)
-      write_queue_cap_ = std::min<size_t>(
-          write_queue_cap_, std::max<uint64_t>(1, tiers_[0]->tier->capacity_blocks() / 2));
+    size_t cap = options_.write_queue_blocks;
+    if (cap > 0 && options_.write_mode == WriteMode::kWriteThrough && tiers_.size() > 1 &&
+        tiers_[0]->caps.managed_by_cache)
+      cap = std::min<size_t>(cap, std::max<uint64_t>(1, tiers_[0]->tier->capacity_blocks() / 2));
     async_ = options_.write_queue_blocks > 0;
-    if (async_) writer_ = std::thread([this] { WriterLoop(); });
+    if (async_)
+      writer_ =
+          std::make_unique<WriteQueue>(cap, [this](std::vector<WriteJob>& jobs) { RunJobs(jobs); });
     return Status::Ok();
   }
 
   ~Impl() {
     // Drain: every queued write finishes before the tiers go.
-    if (writer_.joinable()) {
-      {
-        MutexLock lock(&writer_mu_);
-        stop_ = true;
-      }
-      work_cv_.SignalAll();
-      writer_.join();
-    }
+    writer_.reset();
     for (auto& st : tiers_)
       if (!st->caps.managed_by_cache) st->tier->SetRemovalListener(nullptr);
   }
@@ -281,7 +311,7 @@ class Cache::Impl {
                                 uint32_t first_block, const RequestOptions& request);
   void NotifySession(uint64_t session_id, SessionEvent event);
   CacheStats Stats() const;
-  void Flush() KVTIER_EXCLUDES(writer_mu_);
+  void Flush();
 
   // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
   // How many of todo (ascending chain positions of b) a managed tier can usefully hold: those
@@ -314,8 +344,7 @@ class Cache::Impl {
   // and a tier below lacks, whose reuse has reached that tier's min_reuse, are queued for it
   // from tier 0 (never waiting: a full queue drops them, counted as write_through_dropped).
   void QueueReused(std::span<const BlockKey> keys, std::span<const TierMask> masks,
-                   std::span<const uint16_t> reuse, uint64_t prefix_tokens, uint64_t session_id)
-      KVTIER_EXCLUDES(writer_mu_);
+                   std::span<const uint16_t> reuse, uint64_t prefix_tokens, uint64_t session_id);
 
   // Drops key from st (a corrupt or missing block), keeping the index honest.
   void DropBlock(TierState& st, const BlockKey& key);
@@ -349,18 +378,17 @@ class Cache::Impl {
   // in *ok_anywhere and keeps each other block's first failure; then emits the events and
   // dispatches the write-back jobs that came out of it.
   void StoreInCaller(const BlockBatch& b, int last_sync, std::vector<uint8_t>* ok_anywhere,
-                     std::vector<Status>* first_failure) KVTIER_EXCLUDES(writer_mu_);
+                     std::vector<Status>* first_failure);
   // Queues b's blocks that some tier below `top` lacks for the background writer, read from
   // tier top (pinned until written) or staged from b's buffers; marks them in *ok_anywhere.
-  void QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>* ok_anywhere)
-      KVTIER_EXCLUDES(writer_mu_);
+  void QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>* ok_anywhere);
   // Writes b's blocks into tier st under its policy. Fills per-block results (OK when resident
   // after the call, whether copied or already there) and counts copies in *stored. Write-back
   // victims of st, and blocks that did not fit in it, come back in *down for the tier below.
   // Takes st.mu itself; the caller holds no Cache lock.
   void StoreToTier(TierState& st, const BlockBatch& b, std::span<Status> results, uint32_t* stored,
                    std::vector<PendingEvent>* events, std::vector<WriteJob>* down)
-      KVTIER_EXCLUDES(st.mu, writer_mu_);
+      KVTIER_EXCLUDES(st.mu);
   // Takes victims out of a cache-managed tier's policy and index until `need` more blocks fit
   // (they count in st.reserved until EvictOut erases them); returns how many fit.
   // Evicts by st's policy until `need` more blocks fit and at least min_victims were taken,
@@ -372,7 +400,7 @@ class Cache::Impl {
   // write-back job (*down). The reservation that made room for them covers their slots.
   void EvictOut(TierState& st, const std::vector<Victim>& victims,
                 std::vector<PendingEvent>* events, std::vector<WriteJob>* down)
-      KVTIER_EXCLUDES(st.mu, writer_mu_);
+      KVTIER_EXCLUDES(st.mu);
   // Puts b.keys[todo[j]]; returns each one's status (the call's, when the whole call failed).
   std::vector<Status> PutTodo(TierState& st, const BlockBatch& b,
                               const std::vector<uint32_t>& todo);
@@ -391,33 +419,23 @@ class Cache::Impl {
   }
   // Queues jobs for the writer (waiting while the queue is full), or runs them here when
   // writes are synchronous or this is the writer's own thread.
-  void Dispatch(std::vector<WriteJob> jobs) KVTIER_EXCLUDES(writer_mu_);
+  void Dispatch(std::vector<WriteJob> jobs);
   // Queues a job. wait=false: gives up (false) instead of waiting for room.
-  bool Enqueue(WriteJob job, bool wait) KVTIER_EXCLUDES(writer_mu_);
+  bool Enqueue(WriteJob job, bool wait) { return writer_->Enqueue(std::move(job), wait); }
   // Runs jobs: reads what is not staged, then one Put per target tier for all jobs that share
   // their targets.
-  void RunJobs(std::vector<WriteJob>& jobs) KVTIER_EXCLUDES(writer_mu_);
-  void WriterLoop() KVTIER_EXCLUDES(writer_mu_);
-  bool InWriter() const { return async_ && std::this_thread::get_id() == writer_.get_id(); }
+  void RunJobs(std::vector<WriteJob>& jobs);
+  bool InWriter() const { return writer_ && writer_->InWriter(); }
   // Counts failures of a background write in the target tier's stats (never lost silently).
   void CountFailures(TierState& st, std::span<const Status> results);
 
-  bool async_ = false;
-  size_t write_queue_cap_ = 0;  // write_queue_blocks, at most half the first tier (OpenTiers)
-
-  Mutex writer_mu_;
-  CondVar work_cv_;   // a job was queued, or stopping (waited on under writer_mu_)
-  CondVar space_cv_;  // the queue shrank, or became idle (waited on under writer_mu_)
-  std::deque<WriteJob> queue_ KVTIER_GUARDED_BY(writer_mu_);
-  size_t queued_blocks_ KVTIER_GUARDED_BY(writer_mu_) = 0;  // queued or being written
-  size_t busy_jobs_ KVTIER_GUARDED_BY(writer_mu_) = 0;      // queued or being written
-  bool stop_ KVTIER_GUARDED_BY(writer_mu_) = false;
-  std::thread writer_;
+  bool async_ = false;  // writer_ exists (write_queue_blocks > 0)
+  std::unique_ptr<WriteQueue> writer_;
 
  public:
   std::atomic<uint64_t> lookups_{0}, lookup_blocks_{0}, hit_blocks_{0}, loads_{0},
-      load_failed_blocks_{0}, stores_{0}, stored_blocks_{0}, write_queue_waits_{0},
-      promotions_dropped_{0}, write_through_dropped_{0};
+      load_failed_blocks_{0}, stores_{0}, stored_blocks_{0}, promotions_dropped_{0},
+      write_through_dropped_{0};
   LogLimiter write_through_log_;
   Histogram lookup_latency_, load_latency_, store_latency_;
 };

@@ -130,16 +130,27 @@ void Cache::Impl::Dispatch(std::vector<WriteJob> jobs) {
   for (WriteJob& job : jobs) Enqueue(std::move(job), /*wait=*/true);
 }
 
-bool Cache::Impl::Enqueue(WriteJob job, bool wait) {
-  const size_t n = job.batch.size();
-  const size_t cap = write_queue_cap_;
+WriteQueue::WriteQueue(size_t cap_blocks, Run run)
+    : cap_(cap_blocks), run_(std::move(run)), thread_([this] { Loop(); }) {}
+
+WriteQueue::~WriteQueue() {
   {
-    MutexLock lock(&writer_mu_);
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  work_cv_.SignalAll();
+  thread_.join();
+}
+
+bool WriteQueue::Enqueue(WriteJob job, bool wait) {
+  const size_t n = job.batch.size();
+  {
+    MutexLock lock(&mu_);
     // A job larger than the whole queue goes in once the queue is empty.
-    if (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap)) {
+    if (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap_)) {
       if (!wait) return false;
-      write_queue_waits_.fetch_add(1, std::memory_order_relaxed);
-      while (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap)) space_cv_.Wait(&writer_mu_);
+      waits_.fetch_add(1, std::memory_order_relaxed);
+      while (!(queued_blocks_ == 0 || queued_blocks_ + n <= cap_)) space_cv_.Wait(&mu_);
     }
     queued_blocks_ += n;
     ++busy_jobs_;
@@ -149,7 +160,7 @@ bool Cache::Impl::Enqueue(WriteJob job, bool wait) {
   return true;
 }
 
-void Cache::Impl::WriterLoop() {
+void WriteQueue::Loop() {
   // Background priority: woken by a Store on a busy core, the writer took that core and ran
   // its copies before the Store could return (measured: +2..20 ms on a 32-block Store of a
   // loaded 2-core machine). SCHED_BATCH and nice 10 leave the core to the caller; a writer
@@ -161,8 +172,8 @@ void Cache::Impl::WriterLoop() {
     std::vector<WriteJob> jobs;
     size_t blocks = 0;
     {
-      MutexLock lock(&writer_mu_);
-      while (queue_.empty() && !stop_) work_cv_.Wait(&writer_mu_);
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !stop_) work_cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping, and drained
       // Everything queued becomes one batch.
       while (!queue_.empty()) {
@@ -172,9 +183,9 @@ void Cache::Impl::WriterLoop() {
       }
     }
     const size_t njobs = jobs.size();
-    RunJobs(jobs);
+    run_(jobs);
     {
-      MutexLock lock(&writer_mu_);
+      MutexLock lock(&mu_);
       queued_blocks_ -= blocks;
       busy_jobs_ -= njobs;
     }
@@ -182,10 +193,13 @@ void Cache::Impl::WriterLoop() {
   }
 }
 
+void WriteQueue::Flush() {
+  MutexLock lock(&mu_);
+  while (busy_jobs_ != 0) space_cv_.Wait(&mu_);
+}
+
 void Cache::Impl::Flush() {
-  if (!async_) return;
-  MutexLock lock(&writer_mu_);
-  while (busy_jobs_ != 0) space_cv_.Wait(&writer_mu_);
+  if (writer_) writer_->Flush();
 }
 
 }  // namespace kvtier

@@ -9,6 +9,8 @@ DiskTier::DiskTier(std::string name, const KvLayout& layout, uint64_t capacity_b
 
 DiskTier::~DiskTier() = default;
 
+std::vector<BlockKey> DiskTier::RecoveredKeys() const { return store_->Keys(); }
+
 Result<std::unique_ptr<DiskTier>> DiskTier::Open(std::string name, const KvLayout& layout,
                                                  uint64_t capacity_bytes, DiskOptions options) {
   KVTIER_RETURN_IF_ERROR(layout.Validate());

@@ -36,6 +36,7 @@ class DiskTier final : public Tier {
   Status Sync() { return store_->Sync(); }
   DiskStats disk_stats() const { return store_->stats(); }
   DiskStore& store() { return *store_; }
+  std::vector<BlockKey> RecoveredKeys() const override;
 
  protected:
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,

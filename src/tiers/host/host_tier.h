@@ -66,6 +66,7 @@ class HostTier final : public Tier {
   // Shared arena only (else -1): partition 0's memfd (owned by the tier). arena_bytes() is the
   // size of every partition's memfd.
   int arena_fd() const { return arena_fd_; }
+  HostTier* shared_arena() override { return arena_fd_ >= 0 ? this : nullptr; }
   size_t arena_bytes() const { return arena_bytes_; }
   static constexpr uint64_t kNoOffset = UINT64_MAX;
 
