@@ -373,7 +373,7 @@ Result<ResumeResult> RunResume(Engine* engine, const ResumeOptions& o, const Pro
     store.use_pool = false;
     store.mode = ReuseMode::kRecompute;
     KVTIER_RETURN_IF_ERROR(engine->RunTurn(prefix, store).status());
-    engine->cache()->Flush();  // the tier below the caller's copy holds it now
+    engine->cache()->WaitForWrites();  // the tier below the caller's copy holds it now
     bool exact = true;
     std::vector<double> load_t, comp_t, sync_t, lw_t, wait_t;
     std::vector<float> first_logits;

@@ -4,7 +4,7 @@
 //   Load(lookup, buffers)  -> copies them into the engine's blocks; failures -> recompute
 //   Store(tokens, blocks)  -> writes new full blocks down the tiers (write-through), or into the
 //                             first tier only with write-back of victims on eviction
-//   Flush()                -> waits for the background writes
+//   WaitForWrites()        -> waits for the background writes
 //
 // Asynchronous writes (CacheOptions::write_queue_blocks > 0, the default): Store copies into
 // the first tier and returns; a writer thread the Cache owns writes the lower tiers from that
@@ -163,7 +163,7 @@ class Cache final : public KvCache {
 
   // Waits until every background write queued before the call (and what it cascades into)
   // is done. Destroying the Cache also drains the queue first.
-  void Flush();
+  void WaitForWrites();
 
   CacheStats stats() const override;
   // The KV-event publisher (CacheOptions::events); endpoint empty when it is off.

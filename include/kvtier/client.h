@@ -121,7 +121,7 @@ class Client final : public KvCache {
   Status Ping();
   Result<DaemonStatus> GetDaemonStatus();
   // Drops every unpinned block of the daemon's memory tiers; returns how many.
-  Result<uint64_t> Flush();
+  Result<uint64_t> DropAll();
   // Drops every block of `tenant`'s namespaces (any model, LoRA) that the daemon has indexed,
   // from every tier, with removal events. The daemon's own uid or root only (InvalidArgument
   // otherwise). See doc/serve.md for what an index that restarted does not know.

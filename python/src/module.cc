@@ -419,12 +419,12 @@ void RegisterCache(nb::module_& m) {
           "options"_a)
       .def_prop_ro("num_tiers", &Cache::num_tiers)
       .def(
-          "flush",
+          "wait_for_writes",
           [](Cache& c) {
             nb::gil_scoped_release release;
-            c.Flush();
+            c.WaitForWrites();
           },
-          "Waits for the background writes to lower tiers.")
+          "Waits for the background writes to lower tiers (nothing is dropped).")
       .def("prometheus_text", &Cache::PrometheusText)
       .def(
           "events_info", [](const Cache& c) { return EventsInfoDict(c.events_info()); },
@@ -499,14 +499,18 @@ void RegisterClient(nb::module_& m) {
              const DaemonStatus s = Take(std::move(d));
              return StatsDict(s.cache, &s);
            })
-      .def("flush", [](Client& c) {
-        Result<uint64_t> r = Status::Internal("unset");
-        {
-          nb::gil_scoped_release release;
-          r = c.Flush();
-        }
-        return Take(std::move(r));
-      });
+      .def(
+          "drop_all",
+          [](Client& c) {
+            Result<uint64_t> r = Status::Internal("unset");
+            {
+              nb::gil_scoped_release release;
+              r = c.DropAll();
+            }
+            return Take(std::move(r));
+          },
+          "Drops every unpinned block of the daemon's memory tiers (`kvtier flush`); returns "
+          "how many.");
 }
 
 }  // namespace

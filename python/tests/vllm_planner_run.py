@@ -52,8 +52,8 @@ def flush() -> None:
 
     background.wait_saves(60.0)
     for cache in list(backends._registry.values()):
-        if hasattr(cache, "flush"):
-            cache.flush()
+        if hasattr(cache, "wait_for_writes"):  # in process; a daemon's writes are its own
+            cache.wait_for_writes()
 
 
 def itl(llm, spec: dict) -> dict:

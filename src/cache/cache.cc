@@ -393,7 +393,7 @@ Result<std::unique_ptr<LayerwiseLoad>> Cache::LoadLayerwise(const LookupResult& 
   return impl_->LoadLayerwise(lookup, first, dst);
 }
 
-void Cache::Flush() { impl_->Flush(); }
+void Cache::WaitForWrites() { impl_->WaitForWrites(); }
 
 Result<StoreResult> Cache::StoreKeys(std::span<const BlockKey> keys,
                                      std::span<const ConstBlock> blocks, uint32_t first_block,

@@ -138,7 +138,7 @@ class WriteQueue {
   // than the whole queue goes in once the queue is empty.
   bool Enqueue(WriteJob job, bool wait) KVTIER_EXCLUDES(mu_);
   // Waits until every job queued so far has run.
-  void Flush() KVTIER_EXCLUDES(mu_);
+  void WaitIdle() KVTIER_EXCLUDES(mu_);
   bool InWriter() const { return std::this_thread::get_id() == thread_.get_id(); }
   uint64_t waits() const { return waits_.load(std::memory_order_relaxed); }  // Enqueues that waited
 
@@ -311,7 +311,7 @@ class Cache::Impl {
                                 uint32_t first_block, const RequestOptions& request);
   void NotifySession(uint64_t session_id, SessionEvent event);
   CacheStats Stats() const;
-  void Flush();
+  void WaitForWrites();
 
   // The daemon's hooks (cache_hooks.h); tier 0 is a shared HostTier.
   // How many of todo (ascending chain positions of b) a managed tier can usefully hold: those

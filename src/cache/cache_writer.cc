@@ -193,13 +193,13 @@ void WriteQueue::Loop() {
   }
 }
 
-void WriteQueue::Flush() {
+void WriteQueue::WaitIdle() {
   MutexLock lock(&mu_);
   while (busy_jobs_ != 0) space_cv_.Wait(&mu_);
 }
 
-void Cache::Impl::Flush() {
-  if (writer_) writer_->Flush();
+void Cache::Impl::WaitForWrites() {
+  if (writer_) writer_->WaitIdle();
 }
 
 }  // namespace kvtier

@@ -639,7 +639,7 @@ Status Client::Ping() {
   return Impl::ReplyStatus(&rd);
 }
 
-Result<uint64_t> Client::Flush() {
+Result<uint64_t> Client::DropAll() {
   std::vector<std::byte> reply;
   KVTIER_RETURN_IF_ERROR(impl_->Call(
       serve::MsgType::kFlush, [](Writer*) {}, &reply));

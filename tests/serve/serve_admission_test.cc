@@ -53,7 +53,7 @@ struct AdmissionDaemon {
   }
   // The disk tier's stats once every queued write is done.
   CacheStats::PerTier Disk() {
-    server->cache().Flush();
+    server->cache().WaitForWrites();
     return server->cache().stats().tiers[1];
   }
 };

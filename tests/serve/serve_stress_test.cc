@@ -103,7 +103,7 @@ TEST(ServeStressTest, BurstThroughASmallArenaWithAStuckSsdNeitherWaitsNorFails) 
   EXPECT_NE(
       (*server)->cache().PrometheusText().find("kvtier_write_through_dropped_blocks_total 24\n"),
       std::string::npos);
-  (*server)->cache().Flush();
+  (*server)->cache().WaitForWrites();
   EXPECT_EQ(ssd->stats().puts, 4u);  // only the first store was written through
   c->reset();
   (*server)->Stop();

@@ -90,7 +90,7 @@ uint64_t RunWorkload(Cache& cache, uint64_t bb, FaultyTier* faulty) {
         std::vector<BlockKey> keys;
         HashPrefix(cache.Root(), kBt, tokens, &keys);
         if (rng() % 50 == 0) {
-          cache.Flush();
+          cache.WaitForWrites();
         } else if (rng() % 2) {
           std::vector<std::vector<std::byte>> data(blocks, std::vector<std::byte>(bb));
           std::vector<ConstBlock> views;
@@ -215,7 +215,7 @@ TEST(CacheStressEventsTest, EventNumbersFollowTheIndex) {
     });
   }
   for (auto& th : threads) th.join();
-  cache->Flush();
+  cache->WaitForWrites();
   std::sort(events.begin(), events.end(),
             [](const KvEvent& x, const KvEvent& y) { return x.seq < y.seq; });
   std::map<BlockKey, bool> resident;

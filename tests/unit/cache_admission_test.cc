@@ -73,7 +73,7 @@ TEST(CacheAdmissionTest, MinReuseWritesABlockDownOnItsSecondHitNotAtStore) {
   auto st = cache->Store(r.tokens, r.views);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->stored_blocks, 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, r), 0u) << "stored once, never reused: not written down";
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].skipped_reuse, 4u);
@@ -82,11 +82,11 @@ TEST(CacheAdmissionTest, MinReuseWritesABlockDownOnItsSecondHitNotAtStore) {
   EXPECT_EQ(s.tiers[1].tier.puts, 0u);
 
   EXPECT_EQ(Hit(*cache, r), 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, r), 0u) << "one hit is below min_reuse 2";
 
   EXPECT_EQ(Hit(*cache, r), 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, r), 4u) << "the second hit reaches min_reuse";
   s = cache->stats();
   EXPECT_EQ(s.tiers[1].admitted, 4u);
@@ -96,7 +96,7 @@ TEST(CacheAdmissionTest, MinReuseWritesABlockDownOnItsSecondHitNotAtStore) {
 
   // Later hits find it there: nothing is written again.
   EXPECT_EQ(Hit(*cache, r), 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(cache->stats().tiers[1].tier.puts, 4u);
   EXPECT_EQ(cache->stats().write_through_dropped_blocks, 0u);
 }
@@ -114,7 +114,7 @@ TEST(CacheAdmissionTest, ReuseIsCountedPerBlockByEveryLookupThatHitsIt) {
   ASSERT_EQ(head.keys[1], r.keys[1]);
   EXPECT_EQ(Hit(*cache, head), 2u);
   EXPECT_EQ(Hit(*cache, r), 6u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, head), 2u);  // hit twice
   EXPECT_EQ(OnDisk(*cache, r), 2u);     // the other four once
 }
@@ -129,7 +129,7 @@ TEST(CacheAdmissionTest, MinPrefixTokensSkipsShortRequestsEvenWhenReused) {
   StoredRequest short_req(*cache, 2, 100), long_req(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(short_req.tokens, short_req.views).ok());
   ASSERT_TRUE(cache->Store(long_req.tokens, long_req.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].skipped_prefix, 2u);
   EXPECT_EQ(s.tiers[1].skipped_reuse, 4u);
@@ -137,7 +137,7 @@ TEST(CacheAdmissionTest, MinPrefixTokensSkipsShortRequestsEvenWhenReused) {
     EXPECT_EQ(Hit(*cache, short_req), 2u);
     EXPECT_EQ(Hit(*cache, long_req), 4u);
   }
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, short_req), 0u) << "reused, but its request is too short";
   EXPECT_EQ(OnDisk(*cache, long_req), 4u);
   s = cache->stats();
@@ -152,7 +152,7 @@ TEST(CacheAdmissionTest, NoRuleWritesEveryBlockThroughAtStore) {
   ASSERT_NE(cache, nullptr);
   StoredRequest r(*cache, 4, 100);
   ASSERT_TRUE(cache->Store(r.tokens, r.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, r), 4u);
   const CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].admitted, 4u);
@@ -170,7 +170,7 @@ TEST(CacheAdmissionTest, WriteBackVictimsGoDownOnlyWhenReusedEnough) {
   EXPECT_EQ(Hit(*cache, reused), 4u);
   ASSERT_TRUE(cache->Store(once.tokens, once.views).ok());  // `reused` leaves the host
   ASSERT_TRUE(cache->Store(last.tokens, last.views).ok());  // `once` leaves the host
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(OnDisk(*cache, reused), 4u);
   EXPECT_EQ(OnDisk(*cache, once), 0u) << "a victim never hit was written down";
   const CacheStats s = cache->stats();
@@ -216,11 +216,11 @@ TEST(CacheAdmissionTest, AReuseWriteIntoAFullQueueIsDroppedAndCountedNotWaitedFo
   open.set_value();  // before any check can return: the Cache drains its writer
   ASSERT_TRUE(returned) << "a lookup waited for the writer";
   EXPECT_EQ(hit.get(), 2u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(cache->stats().write_through_dropped_blocks, 2u);
   EXPECT_EQ(ssd->stats().puts, 2u);
   EXPECT_EQ(Hit(*cache, dropped), 2u);  // still lacking, still reused: queued again
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(ssd->stats().puts, 4u);
   EXPECT_EQ(cache->stats().tiers[1].admitted, 4u);
 }
@@ -285,9 +285,9 @@ ReplayFigures ReplaySynthetic(uint32_t min_reuse, uint64_t host_blocks, uint64_t
     EXPECT_TRUE(cache->StoreKeys(std::span(keys).subspan(from), src, from, rq).ok());
     // A writer that keeps up: the figures do not depend on this machine's scheduling (a full
     // queue drops reuse writes, and which ones depends on when the writer ran).
-    cache->Flush();
+    cache->WaitForWrites();
   }
-  cache->Flush();
+  cache->WaitForWrites();
   const CacheStats s = cache->stats();
   return {s.tiers[1].tier.put_bytes,
           s.lookup_blocks,

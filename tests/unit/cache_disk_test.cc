@@ -74,7 +74,7 @@ void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
     ASSERT_TRUE(stored.ok()) << stored.status().ToString();
     EXPECT_EQ(stored->failed_blocks, 0u) << stored->first_error.ToString();
   }
-  cache.Flush();  // the disk is written in the background
+  cache.WaitForWrites();  // the disk is written in the background
   // The host holds only kHostBlocks; the rest must be on disk.
   EXPECT_LE(cache.tier(0).used_bytes(), kHostBlocks * bb);
   EXPECT_GE(cache.tier(1).stats().puts, kBlocks - kHostBlocks);

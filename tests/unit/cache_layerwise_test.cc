@@ -39,7 +39,7 @@ struct LayerwiseFixture {
     cache = OpenSmallCache({InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
     req = std::make_unique<StoredRequest>(*cache, blocks, 300);
     EXPECT_TRUE(cache->Store(req->tokens, req->views).ok());
-    cache->Flush();
+    cache->WaitForWrites();
     out.assign(blocks, std::vector<std::byte>(cache->layout().bytes_per_block()));
     views.assign(out.begin(), out.end());
     std::lock_guard<std::mutex> l(mu);

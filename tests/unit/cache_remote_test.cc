@@ -81,7 +81,7 @@ void StoreAll(Cache& cache, uint64_t salt, const RequestOptions& req = {}) {
   Result<StoreResult> r = cache.Store(tokens, spans, 0, req);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->stored_blocks, kBlocks) << r->first_error.ToString();
-  cache.Flush();  // the remote tier is written in the background
+  cache.WaitForWrites();  // the remote tier is written in the background
 }
 
 // Looks up and loads the whole prefix; returns the leading blocks that came back byte-exact.

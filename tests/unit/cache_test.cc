@@ -171,7 +171,7 @@ TEST(CacheTest, WriteThroughServesFromTheLowerTierAfterEviction) {
   auto st = cache->Store(tokens, b.views);
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->stored_blocks, 10u);
-  cache->Flush();  // the lower tier is written in the background
+  cache->WaitForWrites();  // the lower tier is written in the background
   auto lk = cache->Lookup(tokens);
   ASSERT_EQ(lk->hit_blocks, 10u);
   EXPECT_EQ(lk->blocks_by_tier[0], 4u);  // head still in the small tier
@@ -194,7 +194,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   auto tokens = Tokens(10 * kBt);
   Blocks b(*cache, tokens, 0, 10);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
-  cache->Flush();  // victims move down in the background
+  cache->WaitForWrites();  // victims move down in the background
   CacheStats s = cache->stats();
   // The head stays in the first tier; the tail, which could not stay, went down.
   EXPECT_EQ(s.tiers[0].tier.used_bytes, 4 * bb);
@@ -204,7 +204,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   auto t2 = Tokens(4 * kBt, 700);
   Blocks b2(*cache, t2, 0, 4);
   ASSERT_TRUE(cache->Store(t2, b2.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   s = cache->stats();
   EXPECT_EQ(s.tiers[0].writebacks, 10u);
   EXPECT_EQ(s.tiers[0].evictions, 4u);
@@ -215,7 +215,7 @@ TEST(CacheTest, WriteBackMovesVictimsDown) {
   Buffers out(*cache, 10);
   EXPECT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 10u);
   ExpectBlockBytes(*cache, tokens, out, 10);
-  cache->Flush();  // the promotion runs in the background
+  cache->WaitForWrites();  // the promotion runs in the background
   // Events: numbered 1..n without gaps.
   std::sort(events.begin(), events.end(),
             [](const KvEvent& x, const KvEvent& y) { return x.seq < y.seq; });
@@ -245,13 +245,13 @@ TEST(CacheTest, WriteBackCascadeKeepsEachVictimsBytes) {
     Blocks b(*cache, reqs.back(), 0, 2);
     ASSERT_TRUE(cache->Store(reqs.back(), b.views).ok());
   }
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_GT(cache->stats().tiers[1].writebacks, 0u);  // the cascade happened
   for (const auto& t : reqs) {
     // Each Load promotes its blocks into hbm in the background, evicting others down the
     // cascade; a block between its erase and its write below is a miss by design (design.md),
     // so wait for the writer before each Lookup.
-    cache->Flush();
+    cache->WaitForWrites();
     auto lk = cache->Lookup(t);
     ASSERT_EQ(lk->hit_blocks, 2u);
     Buffers out(*cache, 2);
@@ -265,15 +265,15 @@ TEST(CacheTest, PromotionBringsLowerTierBlocksUp) {
   auto a = Tokens(6 * kBt), bt = Tokens(6 * kBt, 500);
   Blocks ba(*cache, a, 0, 6), bb(*cache, bt, 0, 6);
   ASSERT_TRUE(cache->Store(a, ba.views).ok());
-  cache->Flush();                                // a stays pinned in hbm until dram has it
+  cache->WaitForWrites();                        // a stays pinned in hbm until dram has it
   ASSERT_TRUE(cache->Store(bt, bb.views).ok());  // pushes most of a out of hbm
-  cache->Flush();
+  cache->WaitForWrites();
   auto lk = cache->Lookup(a);
   ASSERT_EQ(lk->hit_blocks, 6u);
   ASSERT_GT(lk->blocks_by_tier[1], 0u);
   Buffers out(*cache, 6);
   ASSERT_EQ(cache->Load(*lk, out.views)->loaded_blocks, 6u);
-  cache->Flush();  // the promotion runs in the background
+  cache->WaitForWrites();  // the promotion runs in the background
   lk = cache->Lookup(a);
   EXPECT_EQ(lk->blocks_by_tier[0], 6u);  // promoted
 }
@@ -284,7 +284,7 @@ TEST(CacheTest, CorruptLowerTierBlockIsNeverServed) {
   auto tokens = Tokens(6 * kBt);
   Blocks b(*cache, tokens, 0, 6);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   auto lk = cache->Lookup(tokens);
   ASSERT_EQ(lk->hit_blocks, 6u);
   ASSERT_EQ(lk->blocks_by_tier[0], 2u);
@@ -306,7 +306,7 @@ TEST(CacheTest, CorruptCopyFallsBackToAnotherTier) {
   auto tokens = Tokens(3 * kBt);
   Blocks b(*cache, tokens, 0, 3);
   ASSERT_TRUE(cache->Store(tokens, b.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   faulty->corrupt_reads = true;
   auto lk = cache->Lookup(tokens);
   Buffers out(*cache, 3);
@@ -420,7 +420,7 @@ TEST(CacheTest, AdmissionKeepsShortPrefixesOutOfALowerTier) {
   Blocks bs(*cache, short_req, 0, 2), bl(*cache, long_req, 0, 8);
   ASSERT_TRUE(cache->Store(short_req, bs.views).ok());
   ASSERT_TRUE(cache->Store(long_req, bl.views).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].tier.puts, 8u);
   EXPECT_EQ(s.tiers[1].rejected, 2u);

@@ -110,7 +110,7 @@ TEST(CacheWriterTest, WriteThroughStoreDoesNotWaitForALowerTierPut) {
   low.Open();
   ASSERT_TRUE(done) << "a Lookup, Load or Store waited on the SSD's Put";
   other.get();
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(rec.Stored(1), 7);
   EXPECT_EQ(low.tier->stats().puts, 7u);
   EXPECT_EQ(cache->stats().tiers[1].write_failures, 0u);
@@ -141,7 +141,7 @@ TEST(CacheWriterTest, WriteBackVictimsMoveDownWithoutBlockingTheStore) {
   low.Open();
   ASSERT_TRUE(done) << "a Lookup or Load waited on the SSD's Put";
   other.get();
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(rec.Stored(1), 4);
   EXPECT_EQ(cache->stats().tiers[0].writebacks, 4u);
   EXPECT_EQ(LookupAndLoad(*cache, a), 4u);  // from the SSD, bytes intact
@@ -163,7 +163,7 @@ TEST(CacheWriterTest, FullWriteQueueAppliesBackpressure) {
   low.Open();
   ASSERT_EQ(st.wait_for(kPatience), std::future_status::ready);
   EXPECT_EQ(st.get()->stored_blocks, 1u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(low.tier->stats().puts, 3u);
   EXPECT_EQ(cache->stats().write_queue_waits, 1u);
 }
@@ -191,7 +191,7 @@ TEST(CacheWriterTest, WriteQueueIsCutToHalfTheHostSoABurstWaitsInsteadOfFailing)
   const auto [sb, sc] = burst.get();
   EXPECT_EQ(sb, 4u);
   EXPECT_EQ(sc, 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(low.tier->stats().puts, 12u);
   EXPECT_GE(cache->stats().write_queue_waits, 1u);
   EXPECT_EQ(LookupAndLoad(*cache, c), 4u);
@@ -206,7 +206,7 @@ TEST(CacheWriterTest, FailedBackgroundWritesAreCounted) {
   StoredRequest a(*cache, 3, 100);
   auto st = cache->Store(a.tokens, a.views);
   EXPECT_EQ(st->stored_blocks, 3u);  // the host has them
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(cache->stats().tiers[1].write_failures, 3u);
   EXPECT_NE(cache->PrometheusText().find("kvtier_tier_write_failures_total{tier=\"ssd\"} 3\n"),
             std::string::npos);
@@ -235,11 +235,11 @@ TEST(CacheWriterTest, PromotionHappensAfterTheLoad) {
       OpenSmallCache({HostSpec(4, "dram"), InstanceSpec(low)}, WriteMode::kWriteThrough, nullptr);
   StoredRequest a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
-  cache->Flush();  // a's host copy is pinned until the SSD has it
+  cache->WaitForWrites();  // a's host copy is pinned until the SSD has it
   ASSERT_TRUE(cache->Store(b.tokens, b.views).ok());  // a leaves the host
-  cache->Flush();
+  cache->WaitForWrites();
   EXPECT_EQ(LookupAndLoad(*cache, a, /*expect_tier=*/1), 4u);
-  cache->Flush();
+  cache->WaitForWrites();
   auto lk = cache->Lookup(a.tokens);
   EXPECT_EQ(lk->blocks_by_tier[0], 4u);
 }
@@ -276,7 +276,7 @@ TEST(CacheWriterTest, WriteBackVictimsCarryTheirChainPositionToAdmission) {
   StoredRequest a(*cache, 4, 100), b(*cache, 4, 200);
   ASSERT_TRUE(cache->Store(a.tokens, a.views).ok());
   ASSERT_TRUE(cache->Store(b.tokens, b.views).ok());  // a's 4 blocks are victims
-  cache->Flush();
+  cache->WaitForWrites();
   CacheStats s = cache->stats();
   EXPECT_EQ(s.tiers[1].rejected, 2u);   // positions 0 and 1: prefixes of 4 and 8 tokens
   EXPECT_EQ(s.tiers[1].tier.puts, 2u);  // positions 2 and 3

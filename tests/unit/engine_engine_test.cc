@@ -192,14 +192,14 @@ void ExpectLayerwiseMatches(Engine* engine, Cache* cache, const std::vector<Toke
   TurnOptions store;
   store.mode = ReuseMode::kRecompute;
   ASSERT_TRUE(engine->RunTurn(p1, store).ok());
-  cache->Flush();
+  cache->WaitForWrites();
   for (bool layerwise : {false, true}) {
     engine->pool().DropUnreferenced();
     TurnOptions o;
     o.mode = ReuseMode::kLoad;
     o.layerwise = layerwise;
     TurnResult t = engine->RunTurn(p2, o).value();
-    cache->Flush();
+    cache->WaitForWrites();
     // The synchronous turn stores p2's blocks 6..8 too: the layer-wise one loads all 9.
     const uint32_t want = layerwise ? 9 : 6;
     EXPECT_EQ(t.loaded_blocks, want) << "layerwise " << layerwise;

@@ -164,7 +164,7 @@ int Run(const BenchCacheOptions& o) {
         Setup& su = setups[which - 2];
         if (Status st = timed_store(*su.cache, tokens, &s[which - 2]); !st.ok())
           return Fail(su.tiers + ": " + st.ToString());
-        su.cache->Flush();
+        su.cache->WaitForWrites();
       }
     }
     if (rep == 0) continue;

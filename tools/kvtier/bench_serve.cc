@@ -194,7 +194,7 @@ int DataPlane(const Opts& o, nlohmann::json* out) {
     for (int threads : {1, 2}) {
       std::vector<double> store, load, mc;
       for (int r = 0; r < o.reps; ++r) {
-        (void)(*c)->Flush();
+        (void)(*c)->DropAll();
         // Each thread stores and loads its own contiguous part as one batch.
         auto run = [&](auto&& fn) {
           auto t0 = Clock::now();
@@ -315,7 +315,7 @@ int EventsCost(const Opts& o, nlohmann::json* out) {
   for (int r = 0; r < o.reps; ++r) {
     for (size_t i = 0; i < n; ++i) keys[i] = BlockKey{uint64_t(r) + 1, i + 1};
     auto store = [&](Client& c) {
-      (void)c.Flush();
+      (void)c.DropAll();
       const bool is_on = &c == c_on->get();
       ChildDaemon& d = is_on ? on : off;
       timespec c0{}, c1{};

@@ -212,7 +212,7 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
       }
       auto c = r.ok() ? Cache::Open(std::move(opts)) : Result<std::unique_ptr<Cache>>(r.status());
       sim::ApiReplayOptions run = ao;
-      if (a.disk_live > 0 && c.ok()) run.after_request = [cp = c->get()] { cp->Flush(); };
+      if (a.disk_live > 0 && c.ok()) run.after_request = [cp = c->get()] { cp->WaitForWrites(); };
       r = c.ok() ? sim::ReplayThroughApi(stream, **c, run)
                  : Result<sim::CacheReplayResult>(c.status());
       if (r.ok()) row.cache = *r;

@@ -219,7 +219,7 @@ RunFn SetupFlush(CLI::App* app) {
       std::fprintf(stderr, "kvtier flush: %s\n", c.status().message().c_str());
       return 1;
     }
-    auto n = (*c)->Flush();
+    auto n = (*c)->DropAll();
     if (!n.ok()) {
       std::fprintf(stderr, "kvtier flush: %s\n", n.status().message().c_str());
       return 1;
