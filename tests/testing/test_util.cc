@@ -182,4 +182,12 @@ void FaultyTier::CountersImpl(std::vector<TierStats::Counter>* out) const {
       {"faulty_gets", "Get calls the faulty tier saw", static_cast<uint64_t>(gets.load())});
 }
 
+HeldPutTier::HeldPutTier(const KvLayout& layout, uint64_t capacity_bytes, std::string name)
+    : tier(FaultyTier::Make(layout, capacity_bytes, std::move(name))) {
+  tier->on_put = [this] {
+    if (first.exchange(false)) entered_p.set_value();
+    opened.wait();
+  };
+}
+
 }  // namespace kvtier::testing

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,27 @@ class FaultyTier final : public Tier {
              std::unique_ptr<Tier> inner, bool verify_on_load);
   std::unique_ptr<Tier> inner_;
   bool verify_on_load_;
+};
+
+// A FaultyTier whose Puts wait on a latch the test opens: `entered` is ready once the first Put
+// has started. Open() is idempotent; destroying it opens the latch, so a Cache draining its
+// writes on destruction cannot hang on a failed test.
+struct HeldPutTier {
+  HeldPutTier(const KvLayout& layout, uint64_t capacity_bytes, std::string name);
+  ~HeldPutTier() { Open(); }
+  void Open() {
+    if (!was_opened.exchange(true)) open_p.set_value();
+  }
+  // Opens the latch before failing, so the test ends instead of hanging.
+  bool Check(bool ok) {
+    if (!ok) Open();
+    return ok;
+  }
+  std::shared_ptr<FaultyTier> tier;
+  std::promise<void> entered_p, open_p;
+  std::future<void> entered = entered_p.get_future();
+  std::shared_future<void> opened = open_p.get_future().share();
+  std::atomic<bool> first{true}, was_opened{false};
 };
 
 }  // namespace kvtier::testing

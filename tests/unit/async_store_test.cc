@@ -15,7 +15,6 @@
 namespace kvtier {
 namespace {
 
-using testing::FaultyTier;
 using testing::InstanceSpec;
 using testing::OpenSmallCache;
 using testing::SmallLayout;
@@ -37,22 +36,28 @@ std::vector<StoreJob> BatchOf(const StoredRequest& r) {
 }
 
 // A host tier whose Puts wait on a latch the test opens (the first Put says it has started).
-struct HeldTier {
-  std::shared_ptr<FaultyTier> tier = FaultyTier::Make(SmallLayout(), 256 * 512, "host");
-  std::promise<void> entered_p, open_p;
-  std::future<void> entered = entered_p.get_future();
-  std::shared_future<void> opened = open_p.get_future().share();
-  std::atomic<bool> first{true}, was_opened{false};
-  HeldTier() {
-    tier->on_put = [this] {
-      if (first.exchange(false)) entered_p.set_value();
-      opened.wait();
-    };
-  }
-  void Open() {
-    if (!was_opened.exchange(true)) open_p.set_value();
+struct HeldTier : testing::HeldPutTier {
+  HeldTier() : HeldPutTier(SmallLayout(), 256 * 512, "host") {}
+};
+
+// A Cache over a HeldTier, and its AsyncStore's options at the caller's priority.
+struct HeldCache {
+  HeldTier held;
+  std::unique_ptr<Cache> cache =
+      OpenSmallCache({InstanceSpec(held.tier)}, WriteMode::kWriteThrough);
+  static AsyncStoreOptions Inherit(size_t max_batches = 64) {
+    AsyncStoreOptions o;
+    o.max_batches = max_batches;
+    o.priority = AsyncStoreOptions::Priority::kInherit;
+    return o;
   }
 };
+
+void ExpectHits(KvCache& cache, const std::vector<BlockKey>& keys, uint32_t n) {
+  auto hit = cache.LookupKeys(keys);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(hit->hit_blocks, n);
+}
 
 TEST(AsyncStoreTest, StoresAfterSubmitReturnsAndLookupsSeeThemAfterWaitFor) {
   auto cache = OpenSmallCache({testing::HostSpec(64)}, WriteMode::kWriteThrough);
@@ -68,9 +73,7 @@ TEST(AsyncStoreTest, StoresAfterSubmitReturnsAndLookupsSeeThemAfterWaitFor) {
   ASSERT_EQ(results.size(), 1u);
   ASSERT_TRUE(results[0].ok()) << results[0].status().ToString();
   EXPECT_EQ(results[0]->stored_blocks, 5u);
-  auto hit = cache->LookupKeys(r.keys);
-  ASSERT_TRUE(hit.ok());
-  EXPECT_EQ(hit->hit_blocks, 5u);
+  ExpectHits(*cache, r.keys, 5);
   EXPECT_TRUE(saves.WaitIdle(kPatience));
   const AsyncStoreStats s = saves.stats();
   EXPECT_EQ(s.submitted_batches, 1u);
@@ -80,13 +83,10 @@ TEST(AsyncStoreTest, StoresAfterSubmitReturnsAndLookupsSeeThemAfterWaitFor) {
 }
 
 TEST(AsyncStoreTest, FullQueueRefusesCountsAndNeverCallsDone) {
-  HeldTier held;
-  auto cache = OpenSmallCache({InstanceSpec(held.tier)}, WriteMode::kWriteThrough);
+  HeldCache h;
+  auto& [held, cache] = h;
   ASSERT_TRUE(cache);
-  AsyncStoreOptions o;
-  o.max_batches = 2;
-  o.priority = AsyncStoreOptions::Priority::kInherit;
-  AsyncStore saves(*cache, o);
+  AsyncStore saves(*cache, HeldCache::Inherit(2));
   StoredRequest a(*cache, 2, 1), b(*cache, 2, 2), c(*cache, 3, 3);
   std::atomic<int> done{0};
   auto count = [&](std::vector<Result<StoreResult>>&) { ++done; };
@@ -101,18 +101,14 @@ TEST(AsyncStoreTest, FullQueueRefusesCountsAndNeverCallsDone) {
   held.Open();
   ASSERT_TRUE(saves.WaitIdle(kPatience));
   EXPECT_EQ(done.load(), 2);
-  auto hit = cache->LookupKeys(c.keys);
-  ASSERT_TRUE(hit.ok());
-  EXPECT_EQ(hit->hit_blocks, 0u);
+  ExpectHits(*cache, c.keys, 0);
 }
 
 TEST(AsyncStoreTest, WaiterStoresTheQueuedBatchItNeedsAndTimesOutOnAnotherThreadsOne) {
-  HeldTier held;
-  auto cache = OpenSmallCache({InstanceSpec(held.tier)}, WriteMode::kWriteThrough);
+  HeldCache h;
+  auto& [held, cache] = h;
   ASSERT_TRUE(cache);
-  AsyncStoreOptions o;
-  o.priority = AsyncStoreOptions::Priority::kInherit;
-  AsyncStore saves(*cache, o);
+  AsyncStore saves(*cache, HeldCache::Inherit());
   StoredRequest a(*cache, 2, 1), b(*cache, 2, 2), other(*cache, 2, 3);
   auto none = [](std::vector<Result<StoreResult>>&) {};
   ASSERT_TRUE(saves.Submit(BatchOf(a), none));
@@ -132,14 +128,12 @@ TEST(AsyncStoreTest, WaiterStoresTheQueuedBatchItNeedsAndTimesOutOnAnotherThread
   const AsyncStoreStats s = saves.stats();
   EXPECT_EQ(s.stored_batches, 2u);
   EXPECT_EQ(s.stored_by_waiters, 1u);
-  auto hit = cache->LookupKeys(b.keys);
-  ASSERT_TRUE(hit.ok());
-  EXPECT_EQ(hit->hit_blocks, 2u);
+  ExpectHits(*cache, b.keys, 2);
 }
 
 TEST(AsyncStoreTest, CloseStoresWhatIsQueuedThenRefuses) {
-  HeldTier held;
-  auto cache = OpenSmallCache({InstanceSpec(held.tier)}, WriteMode::kWriteThrough);
+  HeldCache h;
+  auto& [held, cache] = h;
   ASSERT_TRUE(cache);
   StoredRequest a(*cache, 2, 1), b(*cache, 2, 2), c(*cache, 1, 3);
   std::atomic<int> done{0};
@@ -155,11 +149,7 @@ TEST(AsyncStoreTest, CloseStoresWhatIsQueuedThenRefuses) {
     EXPECT_FALSE(saves.Submit(BatchOf(c), count));
     EXPECT_EQ(saves.stats().dropped_batches, 1u);
   }
-  for (const auto* r : {&a, &b}) {
-    auto hit = cache->LookupKeys(r->keys);
-    ASSERT_TRUE(hit.ok());
-    EXPECT_EQ(hit->hit_blocks, 2u);
-  }
+  for (const auto* r : {&a, &b}) ExpectHits(*cache, r->keys, 2);
 }
 
 TEST(AsyncStoreTest, ABadJobFailsItsOwnResultOnly) {

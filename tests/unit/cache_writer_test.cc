@@ -25,28 +25,8 @@ constexpr uint32_t kBt = 4;
 constexpr auto kPatience = std::chrono::seconds(30);  // a hang fails instead of blocking CI
 
 // A lower tier whose Puts wait on a latch the test opens.
-struct BlockingTier {
-  std::shared_ptr<FaultyTier> tier =
-      FaultyTier::Make(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd");
-  std::promise<void> entered_p, open_p;
-  std::future<void> entered = entered_p.get_future();
-  std::shared_future<void> opened = open_p.get_future().share();
-  std::atomic<bool> first{true};
-  BlockingTier() {
-    tier->on_put = [this] {
-      if (first.exchange(false)) entered_p.set_value();
-      opened.wait();
-    };
-  }
-  void Open() {
-    if (!was_opened.exchange(true)) open_p.set_value();
-  }
-  // Opens the latch before failing, so the Cache's drain on destruction cannot hang.
-  bool Check(bool ok) {
-    if (!ok) Open();
-    return ok;
-  }
-  std::atomic<bool> was_opened{false};
+struct BlockingTier : testing::HeldPutTier {
+  BlockingTier() : HeldPutTier(SmallLayout(kBt), 64 * SmallLayout(kBt).bytes_per_block(), "ssd") {}
 };
 
 struct Recorder {
