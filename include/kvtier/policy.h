@@ -82,6 +82,10 @@ struct AdmissionOptions {
   uint32_t min_reuse = 0;
   // Tokens of the request the block belongs to (a write-back victim: up to its block).
   uint64_t min_prefix_tokens = 0;
+  // With min_reuse: a block refused for too little reuse is remembered after it leaves the
+  // cache, and a lookup that misses it counts as a reuse, so its next store takes it down (the
+  // index counts reuse only while some tier holds the block). false: only hits count.
+  bool count_reuse_after_eviction = true;
   bool admits_all() const { return min_reuse == 0 && min_prefix_tokens == 0; }
   Status Validate() const;
 };

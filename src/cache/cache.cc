@@ -103,6 +103,8 @@ Result<LookupResult> Cache::Impl::LookupKeys(std::span<const BlockKey> keys,
   }
 
   r.hit_blocks = hit;
+  // Missed blocks that were refused below and have left: reused after all.
+  if (ghosts_ && hit < keys.size()) ghosts_->CountMisses(keys.subspan(hit));
   if (checksums) checksums->resize(hit, 0);  // a shared tier's extra blocks: none indexed
   r.source.resize(hit);
   for (uint32_t i = 0; i < hit; ++i) {

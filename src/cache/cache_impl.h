@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "cache/cache_hooks.h"
+#include "cache/reuse_ghosts.h"
 #include "common/clock.h"
 #include "common/flat_map.h"
 #include "common/log_limiter.h"
@@ -214,6 +215,15 @@ class Cache::Impl {
     if (cap > 0 && options_.write_mode == WriteMode::kWriteThrough && tiers_.size() > 1 &&
         tiers_[0]->caps.managed_by_cache)
       cap = std::min<size_t>(cap, std::max<uint64_t>(1, tiers_[0]->tier->capacity_blocks() / 2));
+    if (count_reuse_) {
+      // Room to remember as many refused blocks as the admitting tiers hold, 1M at most.
+      uint64_t room = 0;
+      for (auto& st : tiers_)
+        if (st->admission.min_reuse > 0 && st->admission.count_reuse_after_eviction)
+          room += st->tier->capacity_blocks();
+      if (room > 0)
+        ghosts_ = std::make_unique<ReuseGhosts>(std::min<uint64_t>(room, uint64_t{1} << 20));
+    }
     async_ = options_.write_queue_blocks > 0;
     if (async_)
       writer_ =
@@ -353,6 +363,13 @@ class Cache::Impl {
   BlockKey default_root_;
   // Some tier's admission has min_reuse: lookups count each hit block's reuse in the index.
   bool count_reuse_ = false;
+  // Blocks refused below for too little reuse, remembered after they leave (count_reuse_ only).
+  std::unique_ptr<ReuseGhosts> ghosts_;
+  // The reuse admission judges: the larger of what the batch and the index know and what was
+  // counted for the block since it was refused and left.
+  uint16_t ReuseOf(const BlockKey& key, uint16_t known) const {
+    return ghosts_ ? std::max(known, ghosts_->Count(key)) : known;
+  }
   BlockIndex index_;
   std::vector<std::unique_ptr<TierState>> tiers_;
   bool verify_any_ = false;

@@ -89,12 +89,16 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
     auto prefix_of = [&](const Victim& v) {
       return (uint64_t{v.position} + 1) * options_.layout.block_tokens;
     };
-    for (uint32_t i = 0; i < victims.size(); ++i)
-      if (!victims[i].below_has &&
-          WantedBelow(next, next, 0, victims[i].reuse, prefix_of(victims[i]))) {
-        gk.push_back(victims[i].key);
-        gi.push_back(i);
+    for (uint32_t i = 0; i < victims.size(); ++i) {
+      if (victims[i].below_has) continue;
+      if (!WantedBelow(next, next, 0, ReuseOf(victims[i].key, victims[i].reuse),
+                       prefix_of(victims[i]))) {
+        if (ghosts_) ghosts_->Remember(victims[i].key);
+        continue;
       }
+      gk.push_back(victims[i].key);
+      gi.push_back(i);
+    }
     if (!gk.empty()) {
       job.Stage(gk.size(), bb);
       std::vector<MutableBlock> out;
@@ -104,7 +108,8 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
       for (size_t j = 0; j < gk.size(); ++j) {
         const Victim& v = victims[gi[j]];
         if (!call.ok() || !gs[j].ok()) continue;  // gone already: nothing to move
-        job.batch.Add(v.key, out[j], v.checksum, v.position, prefix_of(v), 0, v.reuse);
+        job.batch.Add(v.key, out[j], v.checksum, v.position, prefix_of(v), 0,
+                      ReuseOf(v.key, v.reuse));
         job.from.push_back(-1);
       }
       if (job.batch.size() > 0) {
@@ -138,7 +143,8 @@ void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Stat
         results[i] = Status::Ok();
         continue;
       }
-      if (!Admit(st, std::max<uint32_t>(b.reuse[i], e.reuse), b.prefix_tokens[i])) {
+      if (!Admit(st, ReuseOf(b.keys[i], std::max(b.reuse[i], e.reuse)), b.prefix_tokens[i])) {
+        if (ghosts_ && st.admission.count_reuse_after_eviction) ghosts_->Remember(b.keys[i]);
         results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
         continue;
       }
@@ -318,9 +324,13 @@ void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>*
       (*ok_anywhere)[i] = 1;  // every lower tier has it already
       continue;
     }
-    // Refused below now: no copy queued (a lookup hit may queue it later, QueueReused).
-    const uint16_t reuse = std::max(b.reuse[i], e.reuse);
-    if (!WantedBelow(top + 1, last, e.tiers, reuse, b.prefix_tokens[i])) continue;
+    // Refused below now: no copy queued (a lookup hit may queue it later, QueueReused, or,
+    // once it has left, a lookup that misses it counts toward its next store: ReuseGhosts).
+    const uint16_t reuse = ReuseOf(b.keys[i], std::max(b.reuse[i], e.reuse));
+    if (!WantedBelow(top + 1, last, e.tiers, reuse, b.prefix_tokens[i])) {
+      if (ghosts_) ghosts_->Remember(b.keys[i]);
+      continue;
+    }
     idx.push_back(i);
     job.batch.Add(b.keys[i], ConstBlock(), b.checksums[i], b.positions[i], b.prefix_tokens[i],
                   b.sessions[i], reuse);

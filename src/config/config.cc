@@ -198,8 +198,9 @@ class Reader {
     if (n.IsScalar()) {
       KVTIER_ASSIGN_OR_RETURN(kind, String(n, path));
     } else {
-      KVTIER_RETURN_IF_ERROR(
-          CheckKeys(n, path, {"kind", "min_reuse", "min_prefix_tokens", "hits"}));
+      KVTIER_RETURN_IF_ERROR(CheckKeys(
+          n, path,
+          {"kind", "min_reuse", "min_prefix_tokens", "hits", "count_reuse_after_eviction"}));
       if (n["kind"]) {
         KVTIER_ASSIGN_OR_RETURN(kind, String(n["kind"], Join(path, "kind")));
       }
@@ -231,6 +232,11 @@ class Reader {
                      "not with kind: always");
       KVTIER_ASSIGN_OR_RETURN(a.min_prefix_tokens,
                               Uint(n["min_prefix_tokens"], Join(path, "min_prefix_tokens")));
+    }
+    if (n["count_reuse_after_eviction"]) {
+      KVTIER_ASSIGN_OR_RETURN(
+          a.count_reuse_after_eviction,
+          Bool(n["count_reuse_after_eviction"], Join(path, "count_reuse_after_eviction")));
     }
     Status v = a.Validate();
     if (!v.ok()) return Error(n, path, std::string(v.message()));

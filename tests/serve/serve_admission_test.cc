@@ -1,6 +1,6 @@
 // Admission below the arena through the daemon (issue 30): the same rule and counters as the
 // in-process Cache (tests/unit/cache_admission_test.cc), reached through a client's commits and
-// lookups. The daemon runs in this process so the test can drain its writer (Cache::Flush)
+// lookups. The daemon runs in this process so the test can drain its writer (Cache::WaitForWrites)
 // instead of polling; the client still talks to it over the socket and the shared arena.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// 8 threads doing random Store / Lookup / Load / Flush with eviction over three tiers, one of
+// 8 threads doing random Store / Lookup / Load / WaitForWrites with eviction over three tiers, one of
 // which corrupts reads at random (and reads slices, for layer-wise loads that run to the end,
 // are cancelled, time out or are destroyed in flight), while the background writer moves blocks
 // down (small queues make Stores wait for it; the Cache is destroyed with writes still queued).

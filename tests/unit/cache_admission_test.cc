@@ -1,7 +1,7 @@
 // Admission below the first tier (issue 30): by reuse (lookup hits) and by request length, in
 // write-through (refused at store, written down once reused) and write-back (victims judged
-// when they leave), with the counters that say why. Every wait is Cache::Flush, the writer's
-// drain.
+// when they leave), with the counters that say why. Every wait is Cache::WaitForWrites, the
+// writer's drain.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -183,6 +183,54 @@ TEST(CacheAdmissionTest, WriteBackVictimsGoDownOnlyWhenReusedEnough) {
   ASSERT_TRUE(lk.ok());
   EXPECT_EQ(lk->blocks_by_tier[1], 4u);
   EXPECT_EQ(Hit(*cache, once), 0u);
+}
+
+// A block refused below and then evicted from the host is reused later, when only a miss can
+// see it: that miss counts (ReuseGhosts), so its next store writes it down, and the reuse after
+// that is served from the disk tier. Both write modes.
+TEST(CacheAdmissionTest, AReuseAfterTheBlockLeftTheHostCountsForItsNextStore) {
+  for (WriteMode mode : {WriteMode::kWriteThrough, WriteMode::kWriteBack}) {
+    SCOPED_TRACE(mode == WriteMode::kWriteThrough ? "write-through" : "write-back");
+    TempDir dir;
+    AdmissionOptions a;
+    a.min_reuse = 1;
+    auto cache = OpenHostOverDisk(dir.path(), 4, a, mode);
+    ASSERT_NE(cache, nullptr);
+    StoredRequest r(*cache, 4, 100), other(*cache, 4, 200), third(*cache, 4, 300);
+    ASSERT_TRUE(cache->Store(r.tokens, r.views).ok());
+    ASSERT_TRUE(cache->Store(other.tokens, other.views).ok());  // r leaves the host, unwritten
+    cache->WaitForWrites();
+    EXPECT_EQ(OnDisk(*cache, r), 0u);
+    EXPECT_EQ(Hit(*cache, r), 0u) << "r was never written down: its reuse is a miss";
+    // Recomputed and stored again: the miss counted as its first reuse, so it goes down now
+    // (write-through) or when it leaves the host again (write-back).
+    ASSERT_TRUE(cache->Store(r.tokens, r.views).ok());
+    cache->WaitForWrites();  // written through: no longer pinned in the host by its write
+    ASSERT_TRUE(cache->Store(third.tokens, third.views).ok());  // r leaves the host again
+    cache->WaitForWrites();
+    EXPECT_EQ(OnDisk(*cache, r), 4u);
+    EXPECT_EQ(OnDisk(*cache, other), 0u) << "never reused: never written down";
+    auto lk = cache->Lookup(r.tokens);
+    ASSERT_TRUE(lk.ok());
+    EXPECT_EQ(lk->hit_blocks, 4u);
+    EXPECT_EQ(lk->blocks_by_tier[1], 4u);
+  }
+}
+
+TEST(CacheAdmissionTest, WithoutCountReuseAfterEvictionOnlyHitsCount) {
+  TempDir dir;
+  AdmissionOptions a;
+  a.min_reuse = 1;
+  a.count_reuse_after_eviction = false;
+  auto cache = OpenHostOverDisk(dir.path(), 4, a, WriteMode::kWriteThrough);
+  ASSERT_NE(cache, nullptr);
+  StoredRequest r(*cache, 4, 100), other(*cache, 4, 200);
+  ASSERT_TRUE(cache->Store(r.tokens, r.views).ok());
+  ASSERT_TRUE(cache->Store(other.tokens, other.views).ok());  // r leaves the host, unwritten
+  EXPECT_EQ(Hit(*cache, r), 0u);
+  ASSERT_TRUE(cache->Store(r.tokens, r.views).ok());
+  cache->WaitForWrites();
+  EXPECT_EQ(OnDisk(*cache, r), 0u) << "the miss counted although the rule was off";
 }
 
 // The second chance never waits for the writer: with it stuck in a disk write and the queue

@@ -166,6 +166,9 @@ TEST(ConfigTest, AdmissionRulesAndTheirOlderKindForms) {
   AdmissionOptions a = admission("{min_reuse: 2, min_prefix_tokens: 4096}");
   EXPECT_EQ(a.min_reuse, 2u);
   EXPECT_EQ(a.min_prefix_tokens, 4096u);
+  EXPECT_TRUE(a.count_reuse_after_eviction);  // the default
+  EXPECT_FALSE(
+      admission("{min_reuse: 1, count_reuse_after_eviction: false}").count_reuse_after_eviction);
   EXPECT_TRUE(admission("always").admits_all());
   EXPECT_EQ(admission("after-n-hits").min_reuse, 2u);
   EXPECT_EQ(admission("{kind: after-n-hits, hits: 3}").min_reuse, 3u);
@@ -186,7 +189,9 @@ TEST(ConfigTest, BadAdmissionIsRefusedNamingTheKey) {
               "bad.yaml:7: tiers[1].admission.min_prefix_tokens:");
   ExpectError(head + "    admission: {min_reuse: 2, hit: 2}\n",
               "bad.yaml:7: tiers[1].admission.hit: unknown key (known: kind, min_reuse, "
-              "min_prefix_tokens, hits)");
+              "min_prefix_tokens, hits, count_reuse_after_eviction)");
+  ExpectError(head + "    admission: {min_reuse: 1, count_reuse_after_eviction: maybe}\n",
+              "bad.yaml:7: tiers[1].admission.count_reuse_after_eviction:");
   ExpectError(head + "    admission: {hits: 2}\n",
               "tiers[1].admission.hits: only with kind: after-n-hits");
   ExpectError(head + "    admission: {kind: after-n-hits, min_reuse: 2}\n",

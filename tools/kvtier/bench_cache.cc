@@ -140,7 +140,7 @@ int Run(const BenchCacheOptions& o) {
   };
 
   // Per repetition: the host-only Store, each setup's Store, a memcpy; the order rotates so no
-  // setup always runs right after another's background writes. Flush (untimed) after each
+  // setup always runs right after another's background writes. WaitForWrites (untimed) after each
   // setup's Store: every Store starts with an empty write queue, so it measures the caller's
   // path, not a queue backed up by the previous repetition.
   std::vector<double> host_s, memcpy_s;

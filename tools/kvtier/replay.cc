@@ -201,6 +201,10 @@ KVTIER_REGISTER_COMMAND(
                       "repeat)");
       app->add_option("--disk-min-reuse", a->through.disk_min_reuse,
                       "With --disk-live: the SSD tier's admission min_reuse (doc/config.md)");
+      app->add_option("--disk-count-reuse-after-eviction",
+                      a->through.disk_count_reuse_after_eviction,
+                      "With --disk-min-reuse: a miss on a block refused and evicted counts as "
+                      "its reuse (doc/config.md; default true)");
       app->add_option("--disk-min-prefix-tokens", a->through.disk_min_prefix_tokens,
                       "With --disk-live: the SSD tier's admission min_prefix_tokens");
       app->add_option("--router", a->through.routers,

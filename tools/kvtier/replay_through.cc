@@ -144,6 +144,7 @@ Result<TierSpec> DiskSpec(const ThroughArgs& a, const KvLayout& l, double live_t
   d.params["sync"] = "none";  // the figure is bytes and hits, not durability
   d.admission.min_reuse = a.disk_min_reuse;
   d.admission.min_prefix_tokens = a.disk_min_prefix_tokens;
+  d.admission.count_reuse_after_eviction = a.disk_count_reuse_after_eviction;
   KVTIER_RETURN_IF_ERROR(d.admission.Validate().WithContext("--disk-min-reuse"));
   return d;
 }
@@ -255,11 +256,12 @@ int RunThrough(const ThroughArgs& a, const Loaded& loaded) {
   for (const Row& r : rows) {
     if (!r.disk) continue;
     std::printf(
-        "%-9s SSD tier (min_reuse %u, min_prefix_tokens %llu): %llu blocks written "
-        "(%llu bytes), %llu hit blocks served from it, %llu skipped by reuse, %llu by "
-        "prefix\n",
+        "%-9s SSD tier (min_reuse %u, min_prefix_tokens %llu, count_reuse_after_eviction %s): "
+        "%llu blocks written (%llu bytes), %llu hit blocks served from it, %llu skipped by "
+        "reuse, %llu by prefix\n",
         r.policy.c_str(), a.disk_min_reuse,
         static_cast<unsigned long long>(a.disk_min_prefix_tokens),
+        a.disk_count_reuse_after_eviction ? "true" : "false",
         static_cast<unsigned long long>(r.disk->tier.puts),
         static_cast<unsigned long long>(r.disk->tier.put_bytes),
         static_cast<unsigned long long>(r.disk->hit_blocks),

@@ -27,6 +27,7 @@ struct ThroughArgs {
   double disk_live = 0;
   uint32_t disk_min_reuse = 0;
   uint64_t disk_min_prefix_tokens = 0;
+  bool disk_count_reuse_after_eviction = true;
   // > 1 (--through cache): the routed replay over this many replicas (replay_route.cc).
   uint32_t replicas = 1;
   std::vector<std::string> routers;  // empty: medium, gpu-only, round-robin, affinity
