@@ -114,5 +114,24 @@ TEST(ServeAdmissionTest, WriteBackVictimsOfTheArenaGoDownOnlyWhenReused) {
   EXPECT_EQ(LoadChain(*d.client, 200, 4), 0);
 }
 
+// A block refused at commit and evicted from the arena, then missed by a lookup, is written
+// down at its next commit (count_reuse_after_eviction, the default), as in process.
+TEST(ServeAdmissionTest, AMissAfterEvictionCountsAsReuseForTheNextCommit) {
+  AdmissionDaemon d;
+  d.Start(4, "{min_reuse: 1}");
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(StoreChain(*d.client, 100, 4).stored_blocks, 4u);
+  d.server->cache().WaitForWrites();
+  EXPECT_EQ(StoreChain(*d.client, 200, 4).stored_blocks, 4u);  // 100 leaves the arena
+  EXPECT_EQ(d.Disk().tier.puts, 0u);
+  EXPECT_EQ(LoadChain(*d.client, 100, 4), 0);  // reused after it left: a miss, counted
+  EXPECT_EQ(StoreChain(*d.client, 100, 4).stored_blocks, 4u);
+  EXPECT_EQ(d.Disk().tier.puts, 4u) << "the miss did not count as 100's reuse";
+  EXPECT_EQ(StoreChain(*d.client, 300, 4).stored_blocks, 4u);  // 100 leaves the arena again
+  d.server->cache().WaitForWrites();
+  EXPECT_EQ(LoadChain(*d.client, 100, 4), 4);  // from the disk, byte for byte
+  EXPECT_EQ(LoadChain(*d.client, 200, 4), 0) << "never reused, never written down";
+}
+
 }  // namespace
 }  // namespace kvtier::testing
