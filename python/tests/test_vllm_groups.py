@@ -77,3 +77,18 @@ def test_loads_write_from_vllms_own_hit_and_skip_null_pages():
     sliding[6] = 9
     _, whole = load_pages(groups, (sliding, full), 0, 2, from_token=0)
     assert whole == 1
+
+
+def test_groups_with_different_page_sizes_keep_and_load_their_own_pages():
+    # vLLM raises the scheduler's block to the groups' LCM: here a 16-token window group beside
+    # a 64-token full-attention group, under 128-token kvtier blocks.
+    lay, groups = layout_from(config((spec("SlidingWindowSpec", sliding_window=32, block_size=16),
+                                      [0]),
+                                     (spec("FullAttentionSpec", block_size=64), [1])), 128)
+    assert [(g.page_tokens, g.per_block, g.keep) for g in groups] == [(16, 8, 2), (64, 2, 2)]
+    assert lay.bytes_per_block * 8 == lay.full_bytes_per_block * 5  # 32 + 128 of 2 x 128 tokens
+    sliding = [0] * 6 + [5, 6] + [0] * 6 + [7, 8]
+    full = [1, 2, 3, 4]
+    assert save_pages(groups, (sliding, full), 0, 2) == (2, [[5, 6, 7, 8], [1, 2, 3, 4]])
+    pages, whole = load_pages(groups, (sliding, full), 0, 2, from_token=64)
+    assert whole == 2 and pages == [[5, 6, 7, 8], [-1, 2, 3, 4]]
