@@ -1,5 +1,5 @@
-// 8 threads doing random Store / Lookup / Load / WaitForWrites with eviction over three tiers, one of
-// which corrupts reads at random (and reads slices, for layer-wise loads that run to the end,
+// 8 threads doing random Store / Lookup / Load / WaitForWrites with eviction over three tiers, one
+// of which corrupts reads at random (and reads slices, for layer-wise loads that run to the end,
 // are cancelled, time out or are destroyed in flight), while the background writer moves blocks
 // down (small queues make Stores wait for it; the Cache is destroyed with writes still queued).
 // Every block's bytes are a function of its key, so the model of what a Load must return is exact:

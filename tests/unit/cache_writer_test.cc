@@ -1,5 +1,6 @@
 // The Cache's background writer: lower tiers are written after Store returns, from the host
-// copy, while nothing waits on them; visibility, backpressure, WaitForWrites, drain and failure counts.
+// copy, while nothing waits on them; visibility, backpressure, WaitForWrites, drain and failure
+// counts.
 #include <gtest/gtest.h>
 
 #include <future>
