@@ -13,6 +13,7 @@
 #include <deque>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "common/mutex.h"
@@ -75,8 +76,10 @@ class AsyncStore::Impl {
     const auto deadline = MonotonicNow() + timeout;
     mu_.Lock();
     bool done = true;
+    std::unordered_set<BlockKey> want;  // built once, and only when something is pending
     while (AnyPending(keys)) {
-      if (QueuedHolds(keys)) {
+      if (want.empty()) want.insert(keys.begin(), keys.end());
+      if (QueuedHolds(want)) {
         Item item = Take();
         mu_.Unlock();
         Store(item, /*by_waiter=*/true);
@@ -163,12 +166,12 @@ class AsyncStore::Impl {
     return false;
   }
 
-  bool QueuedHolds(std::span<const BlockKey> keys) const KVTIER_REQUIRES(mu_) {
+  // Whether a queued (not yet taken) batch holds one of want: one pass over the queue's keys.
+  bool QueuedHolds(const std::unordered_set<BlockKey>& want) const KVTIER_REQUIRES(mu_) {
     for (const Item& item : queue_)
       for (const StoreJob& j : item.batch)
         for (const BlockKey& k : j.keys)
-          for (const BlockKey& want : keys)
-            if (k == want) return true;
+          if (want.count(k)) return true;
     return false;
   }
 

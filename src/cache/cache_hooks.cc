@@ -133,13 +133,9 @@ StoreResult Cache::Impl::CommitHost(std::span<const BlockKey> keys, std::span<co
       IndexEntry e;
       if (!index_.Get(keys[j], &e) || !(e.tiers & 1)) continue;   // evicted before the pin
       if ((e.tiers >> 1) == (TierMask{1} << last) - 1) continue;  // every lower tier has it
-      const uint16_t reuse = ReuseOf(keys[j], e.reuse);
-      if (!WantedBelow(1, last, e.tiers, reuse, prefix_tokens)) {
-        if (ghosts_) ghosts_->Remember(keys[j]);
-        continue;
-      }
+      if (!WantedBelow(keys[j], 1, last, e.tiers, e.reuse, prefix_tokens)) continue;
       job.batch.Add(keys[j], ConstBlock(), checksums[j], b.positions[j], prefix_tokens, session_id,
-                    reuse);
+                    e.reuse);
       job.from.push_back(0);
     }
     job.pins = index_.Pin(job.batch.keys);

@@ -343,13 +343,19 @@ class Cache::Impl {
   uint64_t ClearManaged();
   uint64_t DropMatching(const std::function<bool(const BlockKey&)>& match, uint64_t* pinned);
 
-  // Judges one block offered to st by its admission and counts the verdict there (tiers below
-  // the first only; the first admits everything uncounted).
-  bool Admit(TierState& st, uint32_t reuse, uint64_t prefix_tokens);
+  // st's verdict on key, offered with the reuse its caller knows (the batch's, the index's).
+  // Refused for too little of it, the block is judged again with what ReuseGhosts counted
+  // since it was refused and left (asked only then: an admitted block costs no lookup there).
+  AdmissionVerdict Judge(const TierState& st, const BlockKey& key, uint32_t reuse,
+                         uint64_t prefix_tokens) const;
+  // Judges one block offered to st and counts the verdict there (tiers below the first only;
+  // the first admits everything uncounted); a refused block is remembered (ReuseGhosts).
+  bool Admit(TierState& st, const BlockKey& key, uint32_t reuse, uint64_t prefix_tokens);
   // Whether some tier in [first, last] that lacks the block (has: the tiers holding it) would
   // admit it now. When none would, each of them counts its refusal here: the block is not
   // queued. Otherwise each tier judges, and counts, it when the writer offers it.
-  bool WantedBelow(int first, int last, TierMask has, uint32_t reuse, uint64_t prefix_tokens);
+  bool WantedBelow(const BlockKey& key, int first, int last, TierMask has, uint32_t reuse,
+                   uint64_t prefix_tokens);
   // Write-through's second chance: hit blocks [0, reuse.size()) of a lookup that tier 0 holds
   // and a tier below lacks, whose reuse has reached that tier's min_reuse, are queued for it
   // from tier 0 (never waiting: a full queue drops them, counted as write_through_dropped).
@@ -363,13 +369,9 @@ class Cache::Impl {
   BlockKey default_root_;
   // Some tier's admission has min_reuse: lookups count each hit block's reuse in the index.
   bool count_reuse_ = false;
-  // Blocks refused below for too little reuse, remembered after they leave (count_reuse_ only).
+  // Blocks refused below, remembered after they leave: null unless some tier's admission has
+  // min_reuse and count_reuse_after_eviction.
   std::unique_ptr<ReuseGhosts> ghosts_;
-  // The reuse admission judges: the larger of what the batch and the index know and what was
-  // counted for the block since it was refused and left.
-  uint16_t ReuseOf(const BlockKey& key, uint16_t known) const {
-    return ghosts_ ? std::max(known, ghosts_->Count(key)) : known;
-  }
   BlockIndex index_;
   std::vector<std::unique_ptr<TierState>> tiers_;
   bool verify_any_ = false;

@@ -4,9 +4,19 @@
 
 namespace kvtier {
 
-bool Cache::Impl::Admit(TierState& st, uint32_t reuse, uint64_t prefix_tokens) {
+AdmissionVerdict Cache::Impl::Judge(const TierState& st, const BlockKey& key, uint32_t reuse,
+                                    uint64_t prefix_tokens) const {
+  const AdmissionVerdict v = JudgeAdmission(st.admission, reuse, prefix_tokens);
+  if (v != AdmissionVerdict::kSkipReuse || !ghosts_ || !st.admission.count_reuse_after_eviction)
+    return v;
+  return JudgeAdmission(st.admission, std::max<uint32_t>(reuse, ghosts_->Count(key)),
+                        prefix_tokens);
+}
+
+bool Cache::Impl::Admit(TierState& st, const BlockKey& key, uint32_t reuse,
+                        uint64_t prefix_tokens) {
   if (st.index == 0) return true;
-  switch (JudgeAdmission(st.admission, reuse, prefix_tokens)) {
+  switch (Judge(st, key, reuse, prefix_tokens)) {
     case AdmissionVerdict::kAdmit:
       st.admitted.fetch_add(1, std::memory_order_relaxed);
       return true;
@@ -18,17 +28,19 @@ bool Cache::Impl::Admit(TierState& st, uint32_t reuse, uint64_t prefix_tokens) {
       break;
   }
   st.rejected.fetch_add(1, std::memory_order_relaxed);
+  // Remembered, so that a lookup missing it after it has left counts its reuse.
+  if (ghosts_ && st.admission.count_reuse_after_eviction) ghosts_->Remember(key);
   return false;
 }
 
-bool Cache::Impl::WantedBelow(int first, int last, TierMask has, uint32_t reuse,
-                              uint64_t prefix_tokens) {
+bool Cache::Impl::WantedBelow(const BlockKey& key, int first, int last, TierMask has,
+                              uint32_t reuse, uint64_t prefix_tokens) {
   for (int t = first; t <= last; ++t)
     if (!(has & (TierMask{1} << t)) &&
-        JudgeAdmission(tiers_[t]->admission, reuse, prefix_tokens) == AdmissionVerdict::kAdmit)
+        Judge(*tiers_[t], key, reuse, prefix_tokens) == AdmissionVerdict::kAdmit)
       return true;
   for (int t = first; t <= last; ++t)
-    if (!(has & (TierMask{1} << t))) (void)Admit(*tiers_[t], reuse, prefix_tokens);
+    if (!(has & (TierMask{1} << t))) (void)Admit(*tiers_[t], key, reuse, prefix_tokens);
   return false;
 }
 
@@ -89,16 +101,12 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
     auto prefix_of = [&](const Victim& v) {
       return (uint64_t{v.position} + 1) * options_.layout.block_tokens;
     };
-    for (uint32_t i = 0; i < victims.size(); ++i) {
-      if (victims[i].below_has) continue;
-      if (!WantedBelow(next, next, 0, ReuseOf(victims[i].key, victims[i].reuse),
-                       prefix_of(victims[i]))) {
-        if (ghosts_) ghosts_->Remember(victims[i].key);
-        continue;
+    for (uint32_t i = 0; i < victims.size(); ++i)
+      if (!victims[i].below_has &&
+          WantedBelow(victims[i].key, next, next, 0, victims[i].reuse, prefix_of(victims[i]))) {
+        gk.push_back(victims[i].key);
+        gi.push_back(i);
       }
-      gk.push_back(victims[i].key);
-      gi.push_back(i);
-    }
     if (!gk.empty()) {
       job.Stage(gk.size(), bb);
       std::vector<MutableBlock> out;
@@ -108,8 +116,7 @@ void Cache::Impl::EvictOut(TierState& st, const std::vector<Victim>& victims,
       for (size_t j = 0; j < gk.size(); ++j) {
         const Victim& v = victims[gi[j]];
         if (!call.ok() || !gs[j].ok()) continue;  // gone already: nothing to move
-        job.batch.Add(v.key, out[j], v.checksum, v.position, prefix_of(v), 0,
-                      ReuseOf(v.key, v.reuse));
+        job.batch.Add(v.key, out[j], v.checksum, v.position, prefix_of(v), 0, v.reuse);
         job.from.push_back(-1);
       }
       if (job.batch.size() > 0) {
@@ -143,8 +150,7 @@ void Cache::Impl::StoreToTier(TierState& st, const BlockBatch& b, std::span<Stat
         results[i] = Status::Ok();
         continue;
       }
-      if (!Admit(st, ReuseOf(b.keys[i], std::max(b.reuse[i], e.reuse)), b.prefix_tokens[i])) {
-        if (ghosts_ && st.admission.count_reuse_after_eviction) ghosts_->Remember(b.keys[i]);
+      if (!Admit(st, b.keys[i], std::max(b.reuse[i], e.reuse), b.prefix_tokens[i])) {
         results[i] = Status::ResourceExhausted("tier '" + st.tier->name() + "': not admitted");
         continue;
       }
@@ -326,11 +332,8 @@ void Cache::Impl::QueueBelow(const BlockBatch& b, int top, std::vector<uint8_t>*
     }
     // Refused below now: no copy queued (a lookup hit may queue it later, QueueReused, or,
     // once it has left, a lookup that misses it counts toward its next store: ReuseGhosts).
-    const uint16_t reuse = ReuseOf(b.keys[i], std::max(b.reuse[i], e.reuse));
-    if (!WantedBelow(top + 1, last, e.tiers, reuse, b.prefix_tokens[i])) {
-      if (ghosts_) ghosts_->Remember(b.keys[i]);
-      continue;
-    }
+    const uint16_t reuse = std::max(b.reuse[i], e.reuse);
+    if (!WantedBelow(b.keys[i], top + 1, last, e.tiers, reuse, b.prefix_tokens[i])) continue;
     idx.push_back(i);
     job.batch.Add(b.keys[i], ConstBlock(), b.checksums[i], b.positions[i], b.prefix_tokens[i],
                   b.sessions[i], reuse);

@@ -24,7 +24,7 @@ struct kvtier_cache {
   std::unique_ptr<kvtier::KvCache> impl;
   // The asynchronous stores' queue, made by the first kvtier_store_async (or
   // kvtier_store_queue_open); declared after impl, so it drains and goes first.
-  std::mutex saves_mu;
+  mutable std::mutex saves_mu;
   std::unique_ptr<kvtier::AsyncStore> saves;
 
   kvtier::AsyncStore& Saves(const kvtier::AsyncStoreOptions& o = {}) {
@@ -32,7 +32,7 @@ struct kvtier_cache {
     if (!saves) saves = std::make_unique<kvtier::AsyncStore>(*impl, o);
     return *saves;
   }
-  kvtier::AsyncStore* SavesIfOpen() {
+  kvtier::AsyncStore* SavesIfOpen() const {
     std::lock_guard<std::mutex> l(saves_mu);
     return saves.get();
   }
@@ -106,8 +106,7 @@ kvtier::Result<std::vector<std::pair<std::string, uint64_t>>> FlatStatsOf(
   }
   // The store queue's own, in this process (zero until it is opened).
   kvtier::AsyncStoreStats a;
-  if (kvtier::AsyncStore* saves = const_cast<kvtier_cache*>(cache)->SavesIfOpen())
-    a = saves->stats();
+  if (const kvtier::AsyncStore* saves = cache->SavesIfOpen()) a = saves->stats();
   for (const auto& [n, v] : kvtier::AsyncStoreFields(a)) out.emplace_back(n, v);
   return out;
 }
