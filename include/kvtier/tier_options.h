@@ -24,7 +24,10 @@ namespace kvtier {
 // Kind "host" or "emulated_device" (host memory standing in for HBM). Copy threads are
 // TierSpec::threads.
 struct HostTierParams {
-  bool prefault = true;    // fault the arena in at open (a first-touch fault costs ~17x a copy)
+  bool prefault = true;  // fault the arena in (a first-touch fault costs ~17x a copy)
+  // Fault it in on a thread of its own (MADV_POPULATE_WRITE, Linux 5.14+), so open returns at
+  // once; false, or an older kernel: before open returns.
+  bool prefault_background = true;
   bool huge_pages = true;  // MADV_HUGEPAGE on the arena
   // cudaHostRegister with CUDA; unset: true for host, false for emulated_device.
   std::optional<bool> pin;

@@ -135,6 +135,7 @@ const std::vector<Field<HostTierParams>>& HostTable() {
       {"prefault", &HostTierParams::prefault},
       {"huge_pages", &HostTierParams::huge_pages},
       {"pin", &HostTierParams::pin},
+      {"prefault_background", &HostTierParams::prefault_background},
   };
   return t;
 }

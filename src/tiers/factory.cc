@@ -38,6 +38,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
     o.capacity_bytes = spec.capacity_bytes;
     o.threads = spec.threads;
     o.prefault = p.prefault;
+    o.prefault_background = p.prefault_background;
     o.huge_pages = p.huge_pages;
     o.pin = p.pin.value_or(spec.kind == "host");
     KVTIER_ASSIGN_OR_RETURN(auto tier, HostTier::Open(layout, o));

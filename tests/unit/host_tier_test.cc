@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -55,6 +56,47 @@ TEST(HostTierTest, PutGetRoundTripsBytes) {
     EXPECT_EQ(st.hits, 40u);
     EXPECT_EQ(st.get_bytes, 40 * bb);
   }
+}
+
+// The background prefault faults pages in without writing them: blocks put while it runs keep
+// their bytes, it finishes, and a tier closed while it runs stops it.
+TEST(HostTierTest, BackgroundPrefaultKeepsBlocksPutMeanwhile) {
+  const KvLayout l = SmallLayout();
+  HostTierOptions o;
+  o.capacity_bytes = (32u << 20) / l.bytes_per_block() * l.bytes_per_block();
+  o.huge_pages = false;  // 4 KiB pages: many calls, so puts meet it mid-way
+  auto t = HostTier::Open(l, o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto tier = std::move(t).value();
+  const size_t bb = tier->block_bytes();
+  const int n = static_cast<int>(tier->slots());
+  std::vector<std::vector<std::byte>> data;
+  std::vector<BlockKey> keys;
+  std::vector<ConstBlock> in;
+  for (int i = 0; i < n; ++i) {
+    data.push_back(MakeBlock(bb, i));
+    keys.push_back(BlockKey{7, uint64_t(i)});
+  }
+  for (auto& d : data) in.emplace_back(d);
+  std::vector<Status> res(n);
+  ASSERT_TRUE(tier->Put(keys, in, res).ok());
+  for (auto& s : res) ASSERT_TRUE(s.ok()) << s.ToString();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (tier->prefault_seconds() == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_GT(tier->prefault_seconds(), 0) << "the prefault did not finish within 60 s";
+  std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(bb));
+  std::vector<MutableBlock> outs;
+  for (auto& b : out) outs.emplace_back(b);
+  ASSERT_TRUE(tier->Get(keys, outs, res).ok());
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(res[i].ok()) << i;
+    ASSERT_EQ(out[i], data[i]) << "block " << i;
+  }
+  // Closed while it runs: the destructor stops and joins it.
+  auto big = HostTier::Open(l, o);
+  ASSERT_TRUE(big.ok());
+  big.value().reset();
 }
 
 TEST(HostTierTest, LargeBatchSplitAcrossThreadsIsExact) {

@@ -2,8 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -49,6 +51,10 @@ Status HostTierOptions::Validate(const KvLayout& layout) const {
     return Status::InvalidArgument(name + ".capacity_bytes: too many slots");
   return Status::Ok();
 }
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
 
 namespace {
 // A sealed memfd of `bytes` (no shrink, no grow, no further seals), mapped read-write.
@@ -96,13 +102,15 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
     if (p == MAP_FAILED)
       return Status::ResourceExhausted(options.name + ": cannot map " + FormatBytes(bytes) + ": " +
                                        std::strerror(errno));
+#ifdef MADV_HUGEPAGE
+    if (options.huge_pages) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
   }
   std::unique_ptr<HostTier> tier(
       new HostTier(layout, options, static_cast<std::byte*>(p), bytes, slots, stride));
   tier->arena_fd_ = fd;
   tier->shared_ = options.shared;
   if (options.shared) tier->parts_[0] = Partition{fd, static_cast<std::byte*>(p), 0, "default"};
-  if (options.prefault) tier->Prefault(options.huge_pages);
 #ifdef KVTIER_HAVE_CUDA
   if (options.pin) {
     cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
@@ -118,6 +126,8 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
     }
   }
 #endif
+  // Pinning faulted every page in already.
+  if (options.prefault && !tier->pinned_) tier->Prefault(options.prefault_background);
   return tier;
 }
 
@@ -148,6 +158,8 @@ HostTier::HostTier(const KvLayout& layout, const HostTierOptions& options, std::
 }
 
 HostTier::~HostTier() {
+  prefault_stop_.store(true, std::memory_order_relaxed);
+  if (prefault_thread_.joinable()) prefault_thread_.join();
 #ifdef KVTIER_HAVE_CUDA
   if (pinned_) cudaHostUnregister(arena_);
 #endif
@@ -250,11 +262,28 @@ void HostTier::FreeSlot(uint32_t slot) {
   ++free_count_;
 }
 
-void HostTier::Prefault(bool huge_pages) {
+void HostTier::Prefault(bool background) {
   const uint64_t t0 = MonotonicNs();
-#ifdef MADV_HUGEPAGE
-  if (huge_pages) madvise(arena_, arena_bytes_, MADV_HUGEPAGE);
-#endif
+  // One huge page a call: the thread holds the address space's lock for one call at a time,
+  // and stops within one when the tier closes.
+  constexpr size_t kChunk = size_t{2} << 20;
+  auto populate = [this](size_t from, size_t bytes) {
+    return madvise(arena_ + from, std::min(bytes, arena_bytes_ - from), MADV_POPULATE_WRITE) == 0;
+  };
+  // MADV_POPULATE_WRITE faults pages in writable without writing to them, so puts may run
+  // meanwhile; a kernel before 5.14 refuses it, and then every page is touched before Open
+  // returns (touching writes, which would race with puts).
+  if (background && populate(0, kChunk)) {
+    prefault_thread_ = std::thread([this, t0, populate] {
+      // Below the engine's threads: faulting in is worth doing only on spare CPU time.
+      const auto tid = static_cast<id_t>(gettid());
+      (void)setpriority(PRIO_PROCESS, tid, std::max(10, getpriority(PRIO_PROCESS, tid)));
+      for (size_t at = kChunk; at < arena_bytes_; at += kChunk)
+        if (prefault_stop_.load(std::memory_order_relaxed) || !populate(at, kChunk)) return;
+      prefault_ns_.store(std::max<uint64_t>(1, MonotonicNs() - t0), std::memory_order_release);
+    });
+    return;
+  }
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   pool_.ParallelFor([&](int i, int n) {
     size_t pages = arena_bytes_ / page;
@@ -262,7 +291,7 @@ void HostTier::Prefault(bool huge_pages) {
     volatile std::byte* base = arena_;
     for (size_t pg = begin; pg < end; ++pg) base[pg * page] = std::byte{0};
   });
-  prefault_s_ = static_cast<double>(MonotonicNs() - t0) * 1e-9;
+  prefault_ns_.store(std::max<uint64_t>(1, MonotonicNs() - t0), std::memory_order_release);
 }
 
 void HostTier::PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/copy.h"
@@ -47,10 +48,11 @@ struct HostTierOptions {
   uint64_t capacity_bytes = 0;      // rounded down to whole blocks; >= one block
   int threads = 1;                  // copy threads, 1..64
   bool prefault = true;
-  bool huge_pages = true;   // MADV_HUGEPAGE on the arena
-  bool pin = true;          // cudaHostRegister when built with CUDA
-  bool shared = false;      // arena on memfds that other processes map (see above)
-  int max_partitions = 64;  // shared only: partitions besides partition 0, 1..4096
+  bool prefault_background = true;  // on a thread of its own where the kernel can (see .cc)
+  bool huge_pages = true;           // MADV_HUGEPAGE on the arena
+  bool pin = true;                  // cudaHostRegister when built with CUDA
+  bool shared = false;              // arena on memfds that other processes map (see above)
+  int max_partitions = 64;          // shared only: partitions besides partition 0, 1..4096
   Status Validate(const KvLayout& layout) const;
 };
 
@@ -61,7 +63,10 @@ class HostTier final : public Tier {
 
   uint64_t slots() const { return num_slots_; }
   bool pinned() const { return pinned_; }
-  double prefault_seconds() const { return prefault_s_; }
+  // Seconds the prefault took; 0 until it is done (a background one) or when there was none.
+  double prefault_seconds() const {
+    return static_cast<double>(prefault_ns_.load(std::memory_order_acquire)) * 1e-9;
+  }
 
   // Shared arena only (else -1): partition 0's memfd (owned by the tier). arena_bytes() is the
   // size of every partition's memfd.
@@ -140,7 +145,9 @@ class HostTier final : public Tier {
   };
   HostTier(const KvLayout& layout, const HostTierOptions& options, std::byte* arena,
            size_t arena_bytes, uint64_t slots, uint64_t stride);
-  void Prefault(bool huge_pages);
+  // Faults the arena in: on prefault_thread_ where MADV_POPULATE_WRITE works and `background`,
+  // else here, touching every page.
+  void Prefault(bool background);
   // Takes a free slot for partition p (its own freed slots first, else another's, whose
   // pages are punched out of the old owner); kNoSlot when none.
   uint32_t TakeSlot(int p) KVTIER_REQUIRES(mu_);
@@ -166,7 +173,9 @@ class HostTier final : public Tier {
   std::vector<uint16_t> owner_;       // slot -> partition (shared only); changed only while free
   std::atomic<bool> bounded_{false};  // some partition has bounds
   bool pinned_ = false;
-  double prefault_s_ = 0;
+  std::atomic<uint64_t> prefault_ns_{0};
+  std::atomic<bool> prefault_stop_{false};
+  std::thread prefault_thread_;  // joined before the arena is unmapped
   CopyPool pool_;
 
   mutable SharedMutex mu_;
