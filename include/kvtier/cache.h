@@ -133,14 +133,9 @@ class Cache final : public KvCache {
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
                                   const RequestOptions& request = {}) override;
 
-  // Copies lookup's first dst.size() hit blocks (dst.size() <= hit_blocks) into dst.
-  // InvalidArgument when dst is longer than hit_blocks or a buffer has the wrong size.
-  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) override;
-  // Copies lookup's hit blocks [first, first + dst.size()) into dst, e.g. the tail the planner
-  // chose to load after recomputing the head; no second Lookup. loaded_blocks counts from
-  // first. InvalidArgument when the range passes hit_blocks or a buffer has the wrong size.
+  using KvCache::Load;
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
-                          std::span<const MutableBlock> dst);
+                          std::span<const MutableBlock> dst) override;
   // The same blocks, landing one layer at a time (see LayerwiseLoad) from a thread of the
   // load's own: returns at once. The lookup's pins must be held, and dst kept, until the load
   // is finished or destroyed; the load must end before the Cache does. InvalidArgument as Load.

@@ -96,7 +96,9 @@ class Client final : public KvCache {
   BlockKey Root(const RequestOptions& request = {}) const override;
   Result<LookupResult> LookupKeys(std::span<const BlockKey> keys,
                                   const RequestOptions& request = {}) override;
-  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) override;
+  using KvCache::Load;
+  Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
+                          std::span<const MutableBlock> dst) override;
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block = 0,
                                 const RequestOptions& request = {}) override;
@@ -107,6 +109,10 @@ class Client final : public KvCache {
   bool WantsEngineHashes() const override;
   // The daemon's cache stats; empty when it cannot be reached.
   CacheStats stats() const override;
+  // A Client of its own (same options, its own connection): calls on one connection take
+  // turns, so a store thread at SCHED_IDLE holding it would hold up this client's lookups for
+  // as long as busy CPUs starve it. Its client_stats() are its own.
+  std::unique_ptr<KvCache> OpenStoreLane() const override;
 
   // Brings the cached prefix of tokens up into the daemon's arena ahead of its request (an
   // agent whose tool call is about to return): blocks on SSD or Redis are staged, nothing is

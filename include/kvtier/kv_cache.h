@@ -143,7 +143,14 @@ class KvCache {
 
   // Copies lookup's first dst.size() hit blocks (dst.size() <= hit_blocks) into dst.
   // InvalidArgument when dst is longer than hit_blocks or a buffer has the wrong size.
-  virtual Result<LoadResult> Load(const LookupResult& lookup,
+  Result<LoadResult> Load(const LookupResult& lookup, std::span<const MutableBlock> dst) {
+    return Load(lookup, 0, dst);
+  }
+  // Copies lookup's hit blocks [first, first + dst.size()) into dst: a tail the planner chose
+  // to load after recomputing the head, or a long hit in chunks through one bounded buffer; no
+  // second Lookup. loaded_blocks counts from first. InvalidArgument when the range passes
+  // hit_blocks or a buffer has the wrong size.
+  virtual Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                                   std::span<const MutableBlock> dst) = 0;
 
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
@@ -174,6 +181,11 @@ class KvCache {
   // Whether Store's engine_hashes are used (the cache publishes KV events): an engine may skip
   // building them otherwise.
   virtual bool WantsEngineHashes() const { return false; }
+
+  // A second way into the same cache for a background store thread (AsyncStore), so a lookup
+  // never waits behind a store that a low-priority thread is holding up. nullptr (the default):
+  // calls here do not queue behind each other, share this one.
+  virtual std::unique_ptr<KvCache> OpenStoreLane() const { return nullptr; }
 };
 
 }  // namespace kvtier

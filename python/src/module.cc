@@ -389,18 +389,19 @@ void RegisterKvCache(nb::module_& m) {
           "keys"_a, "tenant"_a = "", "lora_id"_a = "", "session_id"_a = 0, nb::keep_alive<0, 1>())
       .def(
           "load",
-          [](KvCache& c, const LookupResult& lookup, nb::handle dst) {
+          [](KvCache& c, const LookupResult& lookup, nb::handle dst, uint32_t first) {
             auto blocks = Blocks<AnyArray, MutableBlock>(dst, c.layout().bytes_per_block(), "dst");
             Result<LoadResult> r = Status::Internal("unset");
             {
               nb::gil_scoped_release release;
-              r = c.Load(lookup, blocks);
+              r = c.Load(lookup, first, blocks);
             }
             return Take(std::move(r));
           },
-          "lookup"_a, "dst"_a,
-          "Copies the lookup's first hit blocks into dst: one C-contiguous array of whole "
-          "blocks, or a list of one-block arrays. Returns how many leading blocks loaded.");
+          "lookup"_a, "dst"_a, "first"_a = 0,
+          "Copies the lookup's hit blocks first, first + 1, ... into dst: one C-contiguous array "
+          "of whole blocks, or a list of one-block arrays. Returns how many loaded, in order "
+          "from first (a long hit loads in chunks through one buffer this way).");
   BindKvCacheWrites(cls);
 }
 

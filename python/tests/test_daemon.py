@@ -84,3 +84,27 @@ def test_layout_mismatch_is_refused_naming_both(daemon):
     with pytest.raises(kvtier.InvalidArgument) as e:
         kvtier.Client.connect(wrong, socket=daemon.socket)
     assert "3" in str(e.value) and "2" in str(e.value)
+
+
+def test_an_async_store_stores_through_a_connection_of_its_own(daemon):
+    # Calls on one connection take turns: the store queue's thread (SCHED_IDLE by default) has
+    # its own, so a lookup never waits behind a store that busy CPUs hold up.
+    c = kvtier.Client.connect(LAYOUT, socket=daemon.socket, model_id="m")
+    assert c.wait_connected(5000)
+    assert c.daemon_stats()["clients"] == 1
+    tokens = list(range(4 * 16))
+    data = blocks(4, 3)
+    keys = kvtier.hash_prefix(c.root(), 16, tokens)
+    with kvtier.AsyncStore(c) as saves:
+        assert c.daemon_stats()["clients"] == 2
+        assert saves.submit([(keys, data, 0, "", "")], None)
+        assert saves.wait_idle(30)
+        out = np.zeros_like(data)
+        with c.lookup(tokens) as hit:
+            assert hit.hit_blocks == 4
+            assert c.load(hit, out).loaded_blocks == 4
+        assert np.array_equal(out, data)
+    deadline = time.monotonic() + 10
+    while c.daemon_stats()["clients"] != 1:
+        assert time.monotonic() < deadline, "the queue's connection outlived it"
+        time.sleep(0.01)

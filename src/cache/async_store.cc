@@ -39,7 +39,8 @@ void LowerPriority(const AsyncStoreOptions& o) {
 
 class AsyncStore::Impl {
  public:
-  Impl(KvCache& cache, AsyncStoreOptions options) : cache_(cache), options_(options) {
+  Impl(KvCache& cache, AsyncStoreOptions options)
+      : cache_(cache), lane_(cache.OpenStoreLane()), options_(options) {
     if (options_.max_batches == 0) options_.max_batches = 1;
     thread_ = std::thread([this] { Run(); });
   }
@@ -198,7 +199,9 @@ class AsyncStore::Impl {
       rq.lora_id = j.lora_id;
       rq.session_id = j.session_id;
       rq.engine_hashes = j.engine_hashes;
-      results.push_back(cache_.StoreKeys(j.keys, j.blocks, j.first_block, rq));
+      // The thread stores through its lane; a waiter, at its own priority, through the cache.
+      KvCache& to = by_waiter || !lane_ ? cache_ : *lane_;
+      results.push_back(to.StoreKeys(j.keys, j.blocks, j.first_block, rq));
     }
     std::vector<BlockKey> keys;
     for (const StoreJob& j : item.batch) keys.insert(keys.end(), j.keys.begin(), j.keys.end());
@@ -216,6 +219,7 @@ class AsyncStore::Impl {
   }
 
   KvCache& cache_;
+  const std::unique_ptr<KvCache> lane_;  // cache_.OpenStoreLane(): the thread's own way in
   AsyncStoreOptions options_;
   mutable Mutex mu_;
   CondVar cv_;

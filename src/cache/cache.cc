@@ -380,10 +380,6 @@ Result<LookupResult> Cache::LookupKeys(std::span<const BlockKey> keys,
   return impl_->LookupKeys(keys, request);
 }
 
-Result<LoadResult> Cache::Load(const LookupResult& lookup, std::span<const MutableBlock> dst) {
-  return impl_->Load(lookup, 0, dst);
-}
-
 Result<LoadResult> Cache::Load(const LookupResult& lookup, uint32_t first,
                                std::span<const MutableBlock> dst) {
   return impl_->Load(lookup, first, dst);

@@ -328,6 +328,13 @@ Client::Client(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() { impl_->Shutdown(); }
 
 const KvLayout& Client::layout() const { return impl_->opt_.layout; }
+
+std::unique_ptr<KvCache> Client::OpenStoreLane() const {
+  if (!impl_->data_plane_) return nullptr;
+  auto c = Client::Open(impl_->opt_);
+  if (!c.ok()) return nullptr;  // refused for good: this client would be too
+  return std::move(c).value();
+}
 BlockKey Client::Root(const RequestOptions& request) const { return impl_->Root(request); }
 bool Client::connected() const { return impl_->connected_; }
 
@@ -404,12 +411,13 @@ Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
   return r;
 }
 
-Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const MutableBlock> dst) {
+Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
+                                std::span<const MutableBlock> dst) {
   const uint64_t bb = impl_->opt_.layout.bytes_per_block();
-  if (dst.size() > lookup.hit_blocks)
-    return Status::InvalidArgument("Load: " + std::to_string(dst.size()) +
-                                   " buffers for a lookup of " + std::to_string(lookup.hit_blocks) +
-                                   " hit blocks");
+  if (uint64_t{first} + dst.size() > lookup.hit_blocks)
+    return Status::InvalidArgument("Load: blocks [" + std::to_string(first) + ", " +
+                                   std::to_string(first + dst.size()) + ") of a lookup of " +
+                                   std::to_string(lookup.hit_blocks) + " hit blocks");
   for (size_t i = 0; i < dst.size(); ++i)
     if (dst[i].size() != bb)
       return Status::InvalidArgument("Load: buffer " + std::to_string(i) + " has " +
@@ -427,16 +435,20 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
   };
   if (!h || !h->arena) return refuse("Load: the lookup holds no lease");
   if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired");
+  // Block i of dst is block first + i of the lease.
+  const uint64_t* offsets = h->offsets.data() + first;
+  const uint64_t* checksums = h->checksums.data() + first;
   bool missing = false;
-  for (uint32_t i = 0; i < n; ++i) missing |= h->offsets[i] == serve::kNoOffset;
+  for (uint32_t i = 0; i < n; ++i) missing |= offsets[i] == serve::kNoOffset;
   if (missing) {
-    // Blocks on SSD or Redis: the daemon stages them into the arena first.
+    // Blocks on SSD or Redis: the daemon stages them into the arena first (those before first
+    // that a chunk before this one staged are found there).
     std::vector<std::byte> reply;
     Status s = impl_->Call(
         serve::MsgType::kLoad,
         [&](Writer* w) {
           w->U64(h->lease_id);
-          w->U32(n);
+          w->U32(first + n);
         },
         &reply, nullptr, nullptr, false, h->generation);
     serve::LoadReply lr;
@@ -446,33 +458,33 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, std::span<const Muta
       if (s.ok()) s = serve::DecodeLoadReply(&rd, &lr);
     }
     if (!s.ok()) return refuse("Load: " + s.message());
-    for (uint32_t i = 0; i < n && i < lr.offsets.size(); ++i) {
+    for (uint32_t i = first; i < first + n && i < lr.offsets.size(); ++i) {
       h->offsets[i] = lr.offsets[i];
       h->checksums[i] = lr.checksums[i];
     }
     if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired while staging");
   }
   for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t off = h->offsets[i];
+    const uint64_t off = offsets[i];
     if (off == serve::kNoOffset || off + bb > h->arena->bytes) {
       for (uint32_t j = i; j < n; ++j)
-        r.block_status[j] = Status::NotFound("block " + lookup.keys[j].ToHex() +
+        r.block_status[j] = Status::NotFound("block " + lookup.keys[first + j].ToHex() +
                                              " could not be staged into the arena");
       break;
     }
     // Checked in the same pass as the copy: bytes changed since their commit (zeroed, punched,
     // overwritten) are a miss from this block on, and the daemon is told so it drops them.
     const uint64_t sum = CopyBlockChecksum(dst[i].data(), h->arena->base + off, bb);
-    if (h->checksums[i] != 0 && sum != h->checksums[i]) {
+    if (checksums[i] != 0 && sum != checksums[i]) {
       ++impl_->corrupt_blocks_;
       for (uint32_t j = i; j < n; ++j)
-        r.block_status[j] = Status::Corruption("block " + lookup.keys[i].ToHex() +
+        r.block_status[j] = Status::Corruption("block " + lookup.keys[first + i].ToHex() +
                                                " changed in the arena since its commit");
       (void)impl_->Call(
           serve::MsgType::kBadBlock,
           [&](Writer* w) {
             w->U64(h->lease_id);
-            w->U32(i);
+            w->U32(first + i);
           },
           nullptr, nullptr, nullptr, /*one_way=*/true, h->generation);
       break;
