@@ -143,6 +143,12 @@ KVTIER_C_EXPORT uint32_t kvtier_lookup_hit_blocks(const kvtier_lookup* lookup);
 KVTIER_C_EXPORT kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup,
                                         void* const* dst, size_t num_blocks,
                                         uint32_t* loaded_blocks);
+/* The same for hit blocks [first, first + num_blocks): a long hit loaded chunk by chunk through
+ * one small buffer, or the tail after a recomputed head; *loaded_blocks counts from first.
+ * INVALID_ARGUMENT when the range passes the hit blocks. */
+KVTIER_C_EXPORT kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup,
+                                              uint32_t first, void* const* dst, size_t num_blocks,
+                                              uint32_t* loaded_blocks);
 
 /* Stores blocks[i] (kvtier_cache_block_bytes() bytes each) as full block first_block + i of
  * tokens[0..num_tokens). request and result may be NULL. INVALID_ARGUMENT when there are more

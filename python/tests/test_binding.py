@@ -61,6 +61,25 @@ def test_store_lookup_load_round_trip_numpy(cache):
     assert [t["kind"] for t in s["tiers"]] == ["host", "disk"]
 
 
+def test_load_a_range_of_the_hit_in_chunks(cache):
+    # load(hit, dst, first=i): blocks i.. of one lookup, so a long hit can go through one small
+    # buffer; the range is checked against the hit.
+    layout = cache.layout
+    tokens = list(range(5 * 16))
+    blocks = blocks_for(layout, 5, seed=4)
+    cache.store(tokens, blocks)
+    got = []
+    buf = np.zeros((2, layout.bytes_per_block), np.uint8)
+    with cache.lookup(tokens) as hit:
+        for first in range(0, 5, 2):
+            k = min(2, 5 - first)
+            assert cache.load(hit, buf[:k], first=first).loaded_blocks == k
+            got.append(buf[:k].copy())
+        with pytest.raises(ValueError, match="blocks 4..6 asked of a lookup of 5"):
+            cache.load(hit, buf, first=4)
+    np.testing.assert_array_equal(np.concatenate(got), blocks)
+
+
 @pytest.mark.skipif(torch is None, reason="torch is not installed (scripts/python-env --vllm)")
 def test_load_writes_into_the_callers_torch_tensor(cache):
     layout = cache.layout

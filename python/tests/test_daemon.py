@@ -102,7 +102,11 @@ def test_an_async_store_stores_through_a_connection_of_its_own(daemon):
         out = np.zeros_like(data)
         with c.lookup(tokens) as hit:
             assert hit.hit_blocks == 4
-            assert c.load(hit, out).loaded_blocks == 4
+            # A range of the hit (chunked loads): blocks 2 and 3, then 0 and 1.
+            assert c.load(hit, out[2:], first=2).loaded_blocks == 2
+            assert c.load(hit, out[:2]).loaded_blocks == 2
+            with pytest.raises(ValueError, match="blocks 3..5 asked of a lookup of 4"):
+                c.load(hit, out[:2], first=3)
         assert np.array_equal(out, data)
     deadline = time.monotonic() + 10
     while c.daemon_stats()["clients"] != 1:

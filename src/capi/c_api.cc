@@ -306,6 +306,11 @@ uint32_t kvtier_lookup_hit_blocks(const kvtier_lookup* lookup) {
 
 kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup, void* const* dst,
                         size_t num_blocks, uint32_t* loaded_blocks) {
+  return kvtier_load_range(cache, lookup, 0, dst, num_blocks, loaded_blocks);
+}
+
+kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup, uint32_t first,
+                              void* const* dst, size_t num_blocks, uint32_t* loaded_blocks) {
   return Guard("kvtier_load", [&] {
     if (loaded_blocks != nullptr) *loaded_blocks = 0;
     if (cache == nullptr || lookup == nullptr || (dst == nullptr && num_blocks > 0))
@@ -317,7 +322,7 @@ kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup, void* 
         return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load: dst[" + std::to_string(i) + "] is NULL");
       spans[i] = {static_cast<std::byte*>(dst[i]), bytes};
     }
-    auto r = cache->impl->Load(lookup->result, spans);
+    auto r = cache->impl->Load(lookup->result, first, spans);
     if (!r.ok()) return Report(r.status());
     if (loaded_blocks != nullptr) *loaded_blocks = r->loaded_blocks;
     return KVTIER_OK;

@@ -415,8 +415,8 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
                                 std::span<const MutableBlock> dst) {
   const uint64_t bb = impl_->opt_.layout.bytes_per_block();
   if (uint64_t{first} + dst.size() > lookup.hit_blocks)
-    return Status::InvalidArgument("Load: blocks [" + std::to_string(first) + ", " +
-                                   std::to_string(first + dst.size()) + ") of a lookup of " +
+    return Status::InvalidArgument("Load: blocks " + std::to_string(first) + ".." +
+                                   std::to_string(first + dst.size()) + " asked of a lookup of " +
                                    std::to_string(lookup.hit_blocks) + " hit blocks");
   for (size_t i = 0; i < dst.size(); ++i)
     if (dst[i].size() != bb)

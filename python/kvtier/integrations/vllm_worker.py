@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
 
+# A host load's chunk: cache.load into the buffer, then the scatter into vLLM's pages, while it
+# is still in the CPU's cache.
+LOAD_CHUNK_BYTES = 4 << 20
+
 
 class WorkerHalf:
     """KvtierConnector's worker-side hooks; the state they use is set in its __init__."""
@@ -83,26 +87,40 @@ class WorkerHalf:
         n = len(t.keys)
         out = _LoadOutcome()
         t0 = time.perf_counter()
-        # A reused buffer: a fresh one costs a page fault per 4 KiB on every load.
-        buf = self._staging.take(n)
-        staging = buf[:n]
+        # Host hits go through one reused buffer of LOAD_CHUNK_BYTES, chunk after chunk: a buffer
+        # as long as the hit would be gigabytes for a long prefix, and each first touch of fresh
+        # pages faults (measured: a first 3456-token load 120-270 ms slower than the next).
+        # Hits from below stay one call, so the tier reads them as one batch.
+        chunk = max(1, min(n, LOAD_CHUNK_BYTES // self._layout.bytes_per_block))
+        buf = None
         try:
             keys = [kvtier.BlockKey(hi, lo) for hi, lo in t.keys]
             with self._cache.lookup_keys(keys, tenant=t.tenant, lora_id=t.lora_id,
                                          session_id=t.session) as hit:
                 m = min(hit.hit_blocks, n, t.restorable)
                 if m > 0:
-                    out.loaded = self._cache.load(hit, staging[:m]).loaded_blocks
-                    out.tier = self._tier_of(max(hit.source[:m]))
+                    deepest = max(hit.source[:m])
+                    out.tier = self._tier_of(deepest)
+                    step = chunk if deepest == 0 else m
+                    buf = self._staging.take(step)
+                while out.loaded < m:
+                    k = min(step, m - out.loaded)
+                    got = self._cache.load(hit, buf[:k], first=out.loaded).loaded_blocks
+                    if got:
+                        a, b = out.loaded, out.loaded + got
+                        # vLLM's own hit may end inside the first kvtier block: those pages
+                        # are -1 (unwritten).
+                        self._paged.scatter(buf[:got], [
+                            pages[a * part.keep:b * part.keep]
+                            for part, pages in zip(self._paged.parts, t.pages)])
+                    out.loaded += got
+                    if got < k:
+                        break
         except kvtier.KvtierError as e:
             self._warn_once("load", f"kvtier: load failed ({e}); recomputing")
-        # vLLM's own hit may end inside the first kvtier block: its pages are -1 (unwritten).
-        done = [pages[:out.loaded * part.keep] for part, pages in zip(self._paged.parts, t.pages)]
-        try:
-            if out.loaded:
-                self._paged.scatter(staging[:out.loaded], done)
         finally:
-            self._staging.give(buf)
+            if buf is not None:
+                self._staging.give(buf)
         out.written_tokens = max(0, (t.first_block + out.loaded) * self._kb - t.from_token)
         out.failed = out.loaded < n
         if out.failed and self._whole_request_failures:

@@ -163,6 +163,11 @@ static int ThroughDaemon(const char* socket) {
   CHECK(kvtier_load(cache, lk, out, kBlocks, &loaded) == KVTIER_OK);
   CHECK(loaded == kBlocks);
   CHECK(memcmp(src, dst, kBlocks * bb) == 0);
+  /* A range of the hit: blocks 1.. into the buffer's start. */
+  memset(dst, 0, kBlocks * bb);
+  CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks - 1, &loaded) == KVTIER_OK);
+  CHECK(loaded == kBlocks - 1 && memcmp(src + bb, dst, (kBlocks - 1) * bb) == 0);
+  CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks, &loaded) == KVTIER_INVALID_ARGUMENT);
   kvtier_lookup_free(lk);
   CHECK(CheckStatNames(cache, 1) == 0);
   CHECK(AsyncStores(cache, in, kBlocks) == 0);
@@ -355,6 +360,11 @@ int main(int argc, char** argv) {
   CHECK(kvtier_load(cache, lk, out, kBlocks, &loaded) == KVTIER_OK);
   CHECK(loaded == kBlocks);
   CHECK(memcmp(src, dst, kBlocks * bb) == 0);
+  /* A range of the hit: blocks 1.. into the buffer's start. */
+  memset(dst, 0, kBlocks * bb);
+  CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks - 1, &loaded) == KVTIER_OK);
+  CHECK(loaded == kBlocks - 1 && memcmp(src + bb, dst, (kBlocks - 1) * bb) == 0);
+  CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks, &loaded) == KVTIER_INVALID_ARGUMENT);
   kvtier_lookup_free(lk);
 
   /* Another tenant never sees these blocks. */
