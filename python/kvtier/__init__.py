@@ -106,9 +106,13 @@ def parse_bytes(size) -> int:
     return int(float(digits) * _UNITS[unit])
 
 
-def host_tier(capacity, *, threads: int = 1, eviction: str = "lru", name: str = "") -> TierSpec:
-    """A host DRAM tier of `capacity` bytes (an int or "8GiB")."""
-    return TierSpec("host", parse_bytes(capacity), name=name, threads=threads, eviction=eviction)
+def host_tier(capacity, *, threads: int = 1, eviction: str = "lru", name: str = "",
+              **params) -> TierSpec:
+    """A host DRAM tier of `capacity` bytes (an int or "8GiB"); params as in doc/config.md
+    (prefault, prefault_background, huge_pages, pin)."""
+    p = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items()}
+    return TierSpec("host", parse_bytes(capacity), name=name, threads=threads, eviction=eviction,
+                    params=p)
 
 
 def disk_tier(path, capacity, *, name: str = "", **params) -> TierSpec:

@@ -53,7 +53,14 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
     tiers = []
     host = config.get("host_capacity", "1GiB")
     if host and kvtier.parse_bytes(host) > 0:
-        tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1))))
+        # host_<param>: the host tier's params (doc/config.md). Not prefaulted by default: an
+        # engine's stores run on the store thread, which then faults the pages it fills, off
+        # the engine's step, and a prefault at start competes with the engine's first steps.
+        params = {"prefault": "false"}
+        params.update({k[len("host_"):]: v for k, v in config.items()
+                       if k.startswith("host_") and k not in ("host_capacity", "host_threads")})
+        tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1)),
+                                      **params))
     if config.get("disk_path"):
         params = {k[len("disk_"):]: v for k, v in config.items()
                   if k.startswith("disk_") and k not in ("disk_path", "disk_capacity")}
