@@ -23,26 +23,23 @@ run's raw result and log), and prints the table.
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 from kvtier.bench import compare_workloads
+from kvtier.bench.compare_report import BUCKETS, aggregate, svg, table
 from kvtier.bench.serve_daemon import ServeDaemon, find_kvtier_bin, wait_rusage
 
 CONFIGS = ["baseline", "bound", "vllm-offloading", "lmcache", "lmcache-mp", "kvtier",
            "kvtier-serve", "kvtier-serve-ssd"]
-# Reused-prefix buckets (tokens): name, lower bound.
-BUCKETS = [("<512", 0), ("512-1K", 512), ("1K-2K", 1024), ("2K-4K", 2048), (">=4K", 4096)]
 HOST_BYTES = 1 << 30  # every offload configuration's CPU tier
 SSD_HOST_BYTES = 64 << 20  # kvtier-serve-ssd: a host tier smaller than the workload, over
 SSD_BYTES = 1 << 30  # an SSD tier
@@ -125,6 +122,18 @@ def _run_workloads(llm, w, names, filler_tokens):
     return records, per
 
 
+def _llvmlite_dict():
+    """LMCache imports numba (so llvmlite) before vLLM's CPU worker starts, and vLLM 0.32 then
+    scans every module's objects with `vars(obj).get(...)`: llvmlite's library wrapper answers
+    any attribute, `__dict__` too, with a function wrapper, and the scan raises AttributeError.
+    Giving the wrapper a plain `__dict__` entry lets the scan pass it; nothing else reads it."""
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:
+        return
+    ffi.lib._fntab.setdefault("__dict__", {})
+
+
 def child_main(spec_path):
     from kvtier.bench.vllm_offline import configure_env
 
@@ -133,6 +142,8 @@ def child_main(spec_path):
     for k, v in spec.get("env", {}).items():
         os.environ[k] = v
     configure_env()
+    if spec.get("llvmlite_dict"):
+        _llvmlite_dict()
     import resource
 
     try:
@@ -219,9 +230,13 @@ class Harness:
                                 a.model_preset], capture_output=True, text=True)
             if p.returncode != 0:
                 raise SystemExit(f"compare-vllm: cannot make the model:\n{p.stderr[-3000:]}")
-        from kvtier.bench.vllm_offline import BLOCK_SIZE, KVTIER_BLOCK, layout_yaml, model_layout
+        from kvtier.bench.vllm_offline import BLOCK_SIZE, layout_yaml, model_layout
 
-        self.layout = model_layout(self.model)
+        self.block = a.block_tokens
+        if self.block <= 0 or self.block % BLOCK_SIZE:
+            raise SystemExit(f"compare-vllm: --block-tokens {self.block} is not a positive "
+                             f"multiple of vLLM's block ({BLOCK_SIZE})")
+        self.layout = dict(model_layout(self.model), block_tokens=self.block)
         self.layout_yaml = layout_yaml(self.layout)
         w = compare_workloads.build(a.traces, turns=a.turns, sessions=not a.smoke,
                                     short_sessions=4 if a.smoke else 8,
@@ -242,7 +257,7 @@ class Harness:
                      "env": {k: os.environ.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE",
                                                             "VLLM_CPU_OMP_THREADS_BIND",
                                                             "THP_MEM_ALLOC_ENABLE")}},
-            "offload_block_tokens": KVTIER_BLOCK, "host_bytes": HOST_BYTES,
+            "offload_block_tokens": self.block, "host_bytes": HOST_BYTES,
             "ssd_row": {"host_bytes": SSD_HOST_BYTES, "ssd_bytes": SSD_BYTES},
             "model": {"preset": a.model_preset, "layout": self.layout,
                       "kv_bytes_per_token": self.layout["num_layers"] * 2 *
@@ -262,7 +277,7 @@ class Harness:
     def run_one(self, name, rnd, probe=False):
         """Runs configuration `name` once (round rnd) in a fresh process; returns its result,
         or {"error": ...}."""
-        from kvtier.bench.vllm_offline import BLOCK_SIZE, KVTIER_BLOCK
+        from kvtier.bench.vllm_offline import BLOCK_SIZE
 
         tag = f"r{rnd}-{name}"
         d = os.path.join(self.work, tag)
@@ -282,14 +297,15 @@ class Harness:
             spec["kv_transfer_config"] = {
                 "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"cpu_bytes_to_use": HOST_BYTES,
-                                              "block_size": KVTIER_BLOCK}}
+                                              "block_size": self.block}}
         elif name in ("lmcache", "lmcache-mp"):
             if not self.lmcache_python or not os.access(self.lmcache_python, os.X_OK):
                 return {"error": "no LMCache environment (scripts/compare-vllm makes "
                                  ".venv-lmcache; --lmcache-python names one)"}
             python = self.lmcache_python
+            spec["llvmlite_dict"] = True
             if name == "lmcache":
-                spec["env"] = {"LMCACHE_CHUNK_SIZE": str(KVTIER_BLOCK), "LMCACHE_LOCAL_CPU": "True",
+                spec["env"] = {"LMCACHE_CHUNK_SIZE": str(self.block), "LMCACHE_LOCAL_CPU": "True",
                                "LMCACHE_MAX_LOCAL_CPU_SIZE": str(HOST_BYTES / 2**30),
                                "LMCACHE_USE_EXPERIMENTAL": "True"}
                 spec["kv_transfer_config"] = {"kv_connector": "LMCacheConnectorV1",
@@ -297,7 +313,7 @@ class Harness:
             else:
                 port = _free_port()
                 cmd = [python, "-m", "lmcache.v1.multiprocess.server", "--host", "localhost",
-                       "--port", str(port), "--chunk-size", str(KVTIER_BLOCK),
+                       "--port", str(port), "--chunk-size", str(self.block),
                        "--l1-size-gb", str(HOST_BYTES / 2**30), "--eviction-policy", "LRU",
                        "--disable-metrics",
                        "--supported-transfer-mode", "engine_driven",
@@ -315,7 +331,8 @@ class Harness:
                     "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost",
                                                   "lmcache.mp.port": port}}
         elif name == "kvtier":
-            spec["kvtier"] = {"host_capacity": str(HOST_BYTES), "stats_path": stats_path}
+            spec["kvtier"] = {"host_capacity": str(HOST_BYTES), "stats_path": stats_path,
+                              "block_tokens": self.block}
         elif name in ("kvtier-serve", "kvtier-serve-ssd"):
             if not self.kvtier_bin:
                 return {"error": "no kvtier binary for `kvtier serve` (KVTIER_BIN, or build "
@@ -330,7 +347,7 @@ class Harness:
             except RuntimeError as e:
                 return {"error": str(e)[:2000]}
             spec["kvtier"] = {"backend": "daemon", "socket": daemon.socket, "timeout_ms": 5000,
-                              "stats_path": stats_path}
+                              "stats_path": stats_path, "block_tokens": self.block}
         elif name != "baseline":
             return {"error": f"unknown configuration {name}"}
         spec_path = os.path.join(d, "spec.json")
@@ -434,224 +451,6 @@ class Harness:
 
 
 # ----------------------------------------------------------------------------------------------
-# Aggregation.
-
-def _pct(xs, q):
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 5)
-
-
-def _bucket(prefix):
-    name = BUCKETS[0][0]
-    for b, lo in BUCKETS:
-        if prefix >= lo:
-            name = b
-    return name
-
-
-def _resumed(records):
-    return [r for r in records if r["prefix_tokens"] > 0]
-
-
-def _first(records):
-    return [r for r in records if r["prefix_tokens"] == 0]
-
-
-def _key(r):
-    return (r["workload"], r["session"], r["turn"])
-
-
-def _round_p50s(runs, select):
-    return [_pct([r["ttft_s"] for r in run["records"] if select(r)], 0.5) for run in runs]
-
-
-def _paired(runs, ref_runs, select):
-    """Median over rounds of (this run's p50 / the reference's p50 in the same round)."""
-    ratios = []
-    for a, b in zip(runs, ref_runs):
-        pa = _pct([r["ttft_s"] for r in a["records"] if select(r)], 0.5)
-        pb = _pct([r["ttft_s"] for r in b["records"] if select(r)], 0.5)
-        if pa and pb:
-            ratios.append(pa / pb)
-    return (round(statistics.median(ratios), 4), [round(x, 4) for x in ratios]) if ratios \
-        else (None, [])
-
-
-def aggregate(results, errors, configs):
-    base = results.get("baseline") or []
-    bound = results.get("bound") or []
-    base_out = {_key(r): r["out"] for r in base[0]["records"]} if base else {}
-    out = {}
-    for c in configs:
-        runs = results.get(c) or []
-        if c in errors or not runs:
-            out[c] = {"error": errors.get(c, "did not run"), "tokens_equal": None,
-                      "first_turn_ttft_s": None, "resumed_ttft_s": {}}
-            continue
-        recs = [r for run in runs for r in run["records"]]
-        if base_out:
-            equal = all(base_out.get(_key(r)) == r["out"] for r in recs)
-        else:
-            equal = None
-        doc = {"error": None, "tokens_equal": equal, "rounds": len(runs)}
-        firsts = _first(recs)
-        doc["first_turn_ttft_s"] = {"p50": _pct([r["ttft_s"] for r in firsts], 0.5),
-                                    "p99": _pct([r["ttft_s"] for r in firsts], 0.99),
-                                    "n": len(firsts)}
-        sel_first = (lambda r: r["prefix_tokens"] == 0)
-        doc["first_turn_ttft_s"]["vs_baseline"], doc["first_turn_ttft_s"]["rounds_vs_baseline"] \
-            = _paired(runs, base, sel_first) if c != "baseline" else (1.0, [])
-        buckets = {}
-        for b, lo in BUCKETS:
-            def sel(r, b=b):
-                return r["prefix_tokens"] > 0 and _bucket(r["prefix_tokens"]) == b
-            xs = [r for r in recs if sel(r)]
-            if not xs:
-                continue
-            p50s = _round_p50s(runs, sel)
-            vb, vb_rounds = _paired(runs, base, sel) if c != "baseline" else (1.0, [])
-            vbound, _ = _paired(runs, bound, sel) if c != "bound" else (1.0, [])
-            buckets[b] = {"p50": _pct([r["ttft_s"] for r in xs], 0.5),
-                          "p99": _pct([r["ttft_s"] for r in xs], 0.99),
-                          "min_prefix_tokens": min(r["prefix_tokens"] for r in xs),
-                          "median_prefix_tokens": int(statistics.median(
-                              r["prefix_tokens"] for r in xs)),
-                          "n": len(xs), "round_p50_min": min(p for p in p50s if p is not None),
-                          "round_p50_max": max(p for p in p50s if p is not None),
-                          "vs_baseline": vb, "rounds_vs_baseline": vb_rounds,
-                          "vs_bound": vbound}
-        doc["resumed_ttft_s"] = buckets
-        wl = {}
-        for name in runs[0]["workloads"]:
-            walls = [run["workloads"][name]["wall_s"] for run in runs]
-            wl[name] = {"wall_s": round(statistics.median(walls), 3),
-                        "wall_s_min": min(walls), "wall_s_max": max(walls),
-                        "output_tokens_per_s": round(statistics.median(
-                            run["workloads"][name]["output_tokens_per_s"] for run in runs), 2),
-                        "prompt_tokens": runs[0]["workloads"][name]["prompt_tokens"]}
-            if base and c != "baseline":
-                ratios = [a["workloads"][name]["wall_s"] / b["workloads"][name]["wall_s"]
-                          for a, b in zip(runs, base)]
-                wl[name]["wall_vs_baseline"] = round(statistics.median(ratios), 4)
-                wl[name]["rounds_wall_vs_baseline"] = [round(x, 4) for x in ratios]
-        doc["workloads"] = wl
-        tiers = {}
-        for run in runs[:1]:
-            by_tier = ((run.get("kvtier_stats") or {}).get("worker") or {}) \
-                .get("connector", {}).get("by_tier") or {}
-            for t, v in by_tier.items():
-                tiers[t] = v.get("loaded_tokens")
-        if tiers:
-            doc["offload_tier_loaded_tokens_round0"] = tiers
-        doc["vllm_cpu_s"] = statistics.median(run["cpu_s"] for run in runs)
-        doc["vllm_peak_rss_mib"] = statistics.median(run["peak_rss_mib"] for run in runs)
-        ds = [run["daemon"] for run in runs if run.get("daemon")]
-        if ds:
-            doc["daemon_cpu_s"] = statistics.median(d["cpu_s"] for d in ds)
-            doc["daemon_peak_rss_mib"] = statistics.median(d["peak_rss_mib"] for d in ds)
-        doc["run_elapsed_s"] = [run["elapsed_s"] for run in runs]
-        doc["connector"] = runs[0].get("connector")
-        if runs[0].get("env"):
-            doc["env"] = runs[0]["env"]
-        out[c] = doc
-    return out
-
-
-def table(configs):
-    """The printed table: one row per configuration."""
-    cols = [b for b, _ in BUCKETS]
-    head = ["config", "first p50", *[f"{b} p50/p99 (x base, x bound)" for b in cols],
-            "no-reuse wall x base", "equal"]
-    rows = [head]
-    for c, d in configs.items():
-        if d.get("error"):
-            rows.append([c, "skipped: " + d["error"][:110]])
-            continue
-        row = [c, f"{d['first_turn_ttft_s']['p50']:.3f}s"]
-        for b in cols:
-            x = d["resumed_ttft_s"].get(b)
-            if not x:
-                row.append("-")
-                continue
-            vb = f"{x['vs_baseline']:.2f}" if x.get("vs_baseline") else "-"
-            vbd = f"{x['vs_bound']:.2f}" if x.get("vs_bound") else "-"
-            row.append(f"{x['p50']:.3f}/{x['p99']:.3f} ({vb}, {vbd})")
-        nr = d["workloads"].get("no_reuse", {})
-        row.append(f"{nr.get('wall_vs_baseline', 1.0):.3f}" if nr else "-")
-        row.append(str(d["tokens_equal"]))
-        rows.append(row)
-    return "\n".join("| " + " | ".join(r) + " |" for r in rows)
-
-
-# ----------------------------------------------------------------------------------------------
-# The picture, an SVG written by hand: TTFT against reused-prefix length (log x).
-
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-          "#7f7f7f"]
-
-
-def svg(configs, path):
-    series = []
-    for i, (c, d) in enumerate(configs.items()):
-        if d.get("error") or not d.get("resumed_ttft_s"):
-            continue
-        pts = sorted((v["median_prefix_tokens"], v["p50"], v["p99"])
-                     for v in d["resumed_ttft_s"].values())
-        series.append((c, COLORS[i % len(COLORS)], pts))
-    W, H, L, R, T, B = 760, 440, 70, 190, 30, 50
-    xs = [p[0] for _, _, pts in series for p in pts] or [100, 1000]
-    ys = [p[k] for _, _, pts in series for p in pts for k in (1, 2) if p[k]] or [0.1, 1.0]
-    x0, x1 = math.log10(max(1, min(xs)) / 1.3), math.log10(max(xs) * 1.3)
-    # Log y too: the offloads' TTFTs are a tenth of the baseline's at long prefixes.
-    y0, y1 = math.log10(min(ys) / 1.2), math.log10(max(ys) * 1.2)
-
-    def X(v):
-        return L + (math.log10(max(v, 1)) - x0) / (x1 - x0) * (W - L - R)
-
-    def Y(v):
-        return T + (1 - (math.log10(max(v, 1e-6)) - y0) / (y1 - y0)) * (H - T - B)
-
-    o = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-         f'font-family="sans-serif" font-size="12">',
-         f'<rect width="{W}" height="{H}" fill="white"/>',
-         f'<text x="{L}" y="18">TTFT of resumed turns against reused-prefix length '
-         f'(p50 solid, p99 dashed)</text>',
-         f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" stroke="black"/>',
-         f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" stroke="black"/>']
-    for v in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20):
-        if not y0 <= math.log10(v) <= y1:
-            continue
-        o.append(f'<text x="{L - 6}" y="{Y(v) + 4:.1f}" text-anchor="end">{v:g}</text>')
-        o.append(f'<line x1="{L}" y1="{Y(v):.1f}" x2="{W - R}" y2="{Y(v):.1f}" stroke="#ddd"/>')
-    for v in (128, 256, 512, 1024, 2048, 4096, 8192):
-        if x0 <= math.log10(v) <= x1:
-            o.append(f'<text x="{X(v):.1f}" y="{H - B + 16}" text-anchor="middle">{v}</text>')
-            o.append(f'<line x1="{X(v):.1f}" y1="{T}" x2="{X(v):.1f}" y2="{H - B}" '
-                     f'stroke="#eee"/>')
-    o.append(f'<text x="{(L + W - R) / 2}" y="{H - 12}" text-anchor="middle">reused prefix '
-             f'(tokens, bucket median)</text>')
-    o.append(f'<text x="16" y="{(T + H - B) / 2}" transform="rotate(-90 16 {(T + H - B) / 2})" '
-             f'text-anchor="middle">TTFT (s, log)</text>')
-    for n, (c, col, pts) in enumerate(series):
-        for idx, dash in ((1, ""), (2, ' stroke-dasharray="5,4"')):
-            d = " ".join(f"{X(p[0]):.1f},{Y(p[idx]):.1f}" for p in pts)
-            o.append(f'<polyline points="{d}" fill="none" stroke="{col}" stroke-width="2"{dash}/>')
-        for p in pts:
-            o.append(f'<circle cx="{X(p[0]):.1f}" cy="{Y(p[1]):.1f}" r="3" fill="{col}"/>')
-        ly = T + 14 + 18 * n
-        o.append(f'<line x1="{W - R + 12}" y1="{ly - 4}" x2="{W - R + 36}" y2="{ly - 4}" '
-                 f'stroke="{col}" stroke-width="2"/>')
-        o.append(f'<text x="{W - R + 42}" y="{ly}">{c}</text>')
-    o.append("</svg>")
-    with open(path, "w") as f:
-        f.write("\n".join(o) + "\n")
-
-
-# ----------------------------------------------------------------------------------------------
 
 def machine():
     info = {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -680,6 +479,9 @@ def main(argv=None):
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--model-preset", default="compare", choices=["compare", "test"])
     ap.add_argument("--model", help="an existing model folder instead of making one")
+    ap.add_argument("--block-tokens", type=int, default=32,
+                    help="every offload's block (kvtier block_tokens, LMCache chunk, vLLM "
+                         "offloading block): a multiple of vLLM's block (32)")
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation session")
     ap.add_argument("--traces", default=os.environ.get("KVTIER_TRACES"),
                     help="shared/traces (default: ../shared/traces from the current folder)")

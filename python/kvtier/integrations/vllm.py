@@ -142,7 +142,9 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._extra = extra
         self._vllm_block = vllm_config.cache_config.block_size
-        kb = int(extra.get("block_tokens", 4 * self._vllm_block))
+        # vLLM's own block by default: a hit then reaches as far as vLLM's own prefix cache would
+        # (larger kvtier blocks recompute the tail of every prefix; doc/vllm.md).
+        kb = int(extra.get("block_tokens", self._vllm_block))
         if kb <= 0 or kb % self._vllm_block != 0:
             raise ValueError(f"kvtier connector: block_tokens {kb} is not a positive multiple of "
                              f"vLLM's block_size {self._vllm_block}")
