@@ -67,6 +67,18 @@ def test_bad_configs_name_the_key():
         backends.open_cache({"events_addr": "http://x"}, LAYOUT)
 
 
+def test_host_params_reach_the_host_tier_and_it_is_not_prefaulted_by_default():
+    # The store thread faults in the pages it fills; a prefault would compete with the engine.
+    assert backends._tiers({"host_capacity": "4MiB"})[0].params == {"prefault": "false"}
+    spec = backends._tiers({"host_capacity": "4MiB", "host_prefault": True,
+                            "host_huge_pages": False})[0]
+    assert spec.params == {"prefault": "true", "huge_pages": "false"}
+    c = backends.open_cache({"host_capacity": "4MiB", "host_prefault": True}, LAYOUT)
+    assert c.stats()["tiers"][0]["capacity_bytes"] == 4 << 20
+    with pytest.raises(kvtier.InvalidArgument, match="params.colour: unknown host tier param"):
+        backends.open_cache({"host_capacity": "4MiB", "host_colour": 1}, LAYOUT)
+
+
 def test_inprocess_events_keys_reach_the_publisher():
     cache = backends.open_cache({"host_capacity": "1MiB", "events_addr": "tcp://127.0.0.1:*",
                                  "events_topic": "kv@{model}", "events_int_hashes": "false",
