@@ -106,20 +106,23 @@ def parse_bytes(size) -> int:
     return int(float(digits) * _UNITS[unit])
 
 
+def _param_strings(params: dict) -> dict[str, str]:
+    """A tier's params as the strings its config reads (True -> "true", 8 -> "8")."""
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items()}
+
+
 def host_tier(capacity, *, threads: int = 1, eviction: str = "lru", name: str = "",
               **params) -> TierSpec:
     """A host DRAM tier of `capacity` bytes (an int or "8GiB"); params as in doc/config.md
     (prefault, prefault_background, huge_pages, pin)."""
-    p = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in params.items()}
     return TierSpec("host", parse_bytes(capacity), name=name, threads=threads, eviction=eviction,
-                    params=p)
+                    params=_param_strings(params))
 
 
 def disk_tier(path, capacity, *, name: str = "", **params) -> TierSpec:
     """An SSD tier in directory `path` (created when missing); params as in doc/config.md."""
-    p = {"path": str(path)}
-    p.update({k: str(v) for k, v in params.items()})
-    return TierSpec("disk", parse_bytes(capacity), name=name, params=p)
+    return TierSpec("disk", parse_bytes(capacity), name=name,
+                    params={"path": str(path), **_param_strings(params)})
 
 
 def open_cache(layout: KvLayout, tiers, *, model_id: str = "default", model_revision: str = "",

@@ -49,6 +49,14 @@ def _registry_key(config: dict[str, Any], layout: kvtier.KvLayout) -> str:
     return json.dumps({"config": config, "layout": repr(layout)}, sort_keys=True, default=str)
 
 
+def _tier_params(config: dict[str, Any], kind: str, own: tuple[str, ...]) -> dict[str, Any]:
+    """The `<kind>_<param>` keys of config as a tier's params, but for the connector's own
+    `<kind>_<key>` keys (own)."""
+    prefix = kind + "_"
+    return {k[len(prefix):]: v for k, v in config.items()
+            if k.startswith(prefix) and k[len(prefix):] not in own}
+
+
 def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
     tiers = []
     host = config.get("host_capacity", "1GiB")
@@ -56,22 +64,17 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
         # host_<param>: the host tier's params (doc/config.md). Not prefaulted by default: an
         # engine's stores run on the store thread, which then faults the pages it fills, off
         # the engine's step, and a prefault at start competes with the engine's first steps.
-        params = {"prefault": "false"}
-        params.update({k[len("host_"):]: v for k, v in config.items()
-                       if k.startswith("host_") and k not in ("host_capacity", "host_threads")})
+        params = {"prefault": "false", **_tier_params(config, "host", ("capacity", "threads"))}
         tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1)),
                                       **params))
     if config.get("disk_path"):
-        params = {k[len("disk_"):]: v for k, v in config.items()
-                  if k.startswith("disk_") and k not in ("disk_path", "disk_capacity")}
         tiers.append(kvtier.disk_tier(config["disk_path"], config.get("disk_capacity", "8GiB"),
-                                      **params))
+                                      **_tier_params(config, "disk", ("path", "capacity"))))
     if config.get("remote_url"):
         # remote_url: redis://host:port; remote_<param>: the remote tier's params (doc/config.md).
-        params = {k[len("remote_"):]: str(v) for k, v in config.items()
-                  if k.startswith("remote_") and k != "remote_capacity"}
         tiers.append(kvtier.TierSpec("remote", kvtier.parse_bytes(
-            config.get("remote_capacity", "16GiB")), params=params))
+            config.get("remote_capacity", "16GiB")), params=kvtier._param_strings(
+                _tier_params(config, "remote", ("capacity",)))))
     if not tiers:
         raise kvtier.InvalidArgument("kvtier config: no tier (set host_capacity, disk_path or "
                                      "remote_url)")

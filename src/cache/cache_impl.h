@@ -349,8 +349,11 @@ class Cache::Impl {
   AdmissionVerdict Judge(const TierState& st, const BlockKey& key, uint32_t reuse,
                          uint64_t prefix_tokens) const;
   // Judges one block offered to st and counts the verdict there (tiers below the first only;
-  // the first admits everything uncounted); a refused block is remembered (ReuseGhosts).
+  // the first admits everything uncounted).
   bool Admit(TierState& st, const BlockKey& key, uint32_t reuse, uint64_t prefix_tokens);
+  // Counts verdict v on key at st; a block refused for too little reuse is remembered
+  // (ReuseGhosts). Whether it was admitted.
+  bool CountVerdict(TierState& st, const BlockKey& key, AdmissionVerdict v);
   // Whether some tier in [first, last] that lacks the block (has: the tiers holding it) would
   // admit it now. When none would, each of them counts its refusal here: the block is not
   // queued. Otherwise each tier judges, and counts, it when the writer offers it.

@@ -1,5 +1,7 @@
 // The Cache's write path: room and admission under a tier's lock, eviction and write-back
 // victims after it, and Store itself.
+#include <array>
+
 #include "cache/cache_impl.h"
 
 namespace kvtier {
@@ -16,7 +18,11 @@ AdmissionVerdict Cache::Impl::Judge(const TierState& st, const BlockKey& key, ui
 bool Cache::Impl::Admit(TierState& st, const BlockKey& key, uint32_t reuse,
                         uint64_t prefix_tokens) {
   if (st.index == 0) return true;
-  switch (Judge(st, key, reuse, prefix_tokens)) {
+  return CountVerdict(st, key, Judge(st, key, reuse, prefix_tokens));
+}
+
+bool Cache::Impl::CountVerdict(TierState& st, const BlockKey& key, AdmissionVerdict v) {
+  switch (v) {
     case AdmissionVerdict::kAdmit:
       st.admitted.fetch_add(1, std::memory_order_relaxed);
       return true;
@@ -25,22 +31,25 @@ bool Cache::Impl::Admit(TierState& st, const BlockKey& key, uint32_t reuse,
       break;
     case AdmissionVerdict::kSkipReuse:
       st.skipped_reuse.fetch_add(1, std::memory_order_relaxed);
+      // Remembered, so that a lookup missing it after it has left counts its reuse.
+      if (ghosts_ && st.admission.count_reuse_after_eviction) ghosts_->Remember(key);
       break;
   }
   st.rejected.fetch_add(1, std::memory_order_relaxed);
-  // Remembered, so that a lookup missing it after it has left counts its reuse.
-  if (ghosts_ && st.admission.count_reuse_after_eviction) ghosts_->Remember(key);
   return false;
 }
 
 bool Cache::Impl::WantedBelow(const BlockKey& key, int first, int last, TierMask has,
                               uint32_t reuse, uint64_t prefix_tokens) {
+  // Each tier lacking the block judged once: a refusal everywhere is then counted as judged.
+  std::array<AdmissionVerdict, kMaxTiers> verdict{};
+  for (int t = first; t <= last; ++t) {
+    if (has & (TierMask{1} << t)) continue;
+    verdict[t] = Judge(*tiers_[t], key, reuse, prefix_tokens);
+    if (verdict[t] == AdmissionVerdict::kAdmit) return true;
+  }
   for (int t = first; t <= last; ++t)
-    if (!(has & (TierMask{1} << t)) &&
-        Judge(*tiers_[t], key, reuse, prefix_tokens) == AdmissionVerdict::kAdmit)
-      return true;
-  for (int t = first; t <= last; ++t)
-    if (!(has & (TierMask{1} << t))) (void)Admit(*tiers_[t], key, reuse, prefix_tokens);
+    if (!(has & (TierMask{1} << t))) (void)CountVerdict(*tiers_[t], key, verdict[t]);
   return false;
 }
 
