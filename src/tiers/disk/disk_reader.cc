@@ -200,13 +200,22 @@ void DiskStore::ReportCorrupt(ReadBatch* r, size_t want, const std::string& prob
 void DiskStore::DropCorrupt(const std::vector<std::pair<BlockKey, uint64_t>>& corrupt) {
   if (corrupt.empty()) return;
   corruptions_.fetch_add(corrupt.size(), std::memory_order_relaxed);
-  MutexLock l(&mu_);
-  for (const auto& [key, seq] : corrupt) {
-    auto it = index_.find(key);
-    if (it == index_.end() || it->second.seq != seq) continue;
-    Unaccount(it->second);
-    index_.erase(it);
+  MutexLock w(&write_mu_);
+  std::vector<BlockKey> gone;
+  {
+    MutexLock l(&mu_);
+    for (const auto& [key, seq] : corrupt) {
+      auto it = index_.find(key);
+      if (it == index_.end() || it->second.seq != seq) continue;  // rewritten meanwhile
+      Unaccount(it->second);
+      index_.erase(it);
+      gone.push_back(key);
+    }
   }
+  Status st = WriteTombstones(gone);
+  if (!st.ok())
+    spdlog::warn("disk tier {}: {}; a restart may find the corrupt records again", options_.path,
+                 st.ToString());
 }
 
 }  // namespace kvtier::disk

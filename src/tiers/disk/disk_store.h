@@ -248,7 +248,12 @@ class DiskStore {
   void QueueSliceReads(ReadBatch* r);
   void CheckSliceRead(ReadBatch* r, const IoCompletion& c);
   void ReportCorrupt(ReadBatch* r, size_t want, const std::string& problem);
-  void DropCorrupt(const std::vector<std::pair<BlockKey, uint64_t>>& corrupt);
+  // Drops the records found corrupt from the index and writes their tombstones: a restart that
+  // rebuilt the index from the segments would find them again.
+  void DropCorrupt(const std::vector<std::pair<BlockKey, uint64_t>>& corrupt)
+      KVTIER_EXCLUDES(write_mu_, mu_);
+  // Tombstones for keys just removed from the index, so they stay removed after a restart.
+  Status WriteTombstones(std::span<const BlockKey> gone) KVTIER_REQUIRES(write_mu_);
 
   void Publish(const BlockKey& key, const Location& loc) KVTIER_REQUIRES(mu_);
   // Takes loc's record out of its segment's live counts.

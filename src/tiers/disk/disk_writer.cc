@@ -507,9 +507,12 @@ Status DiskStore::Erase(std::span<const BlockKey> keys) {
       gone.push_back(key);
     }
   }
+  return WriteTombstones(gone);
+}
+
+Status DiskStore::WriteTombstones(std::span<const BlockKey> gone) {
   if (gone.empty()) return Status::Ok();
-  // Tombstones, so the keys stay gone after a restart. One page each, written in one batch per
-  // buffer's worth of pages.
+  // One page each, written in one batch per buffer's worth of pages.
   std::vector<BlockKey> removed;
   Status result;
   AlignedBuffer& buf = writer_->buffers[0];
