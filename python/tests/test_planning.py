@@ -5,7 +5,7 @@ import json
 import pytest
 
 import kvtier
-from kvtier.integrations.planning import CostModel, _fit_line
+from kvtier.integrations.planning import CostModel, Decision, _fit_line, whole_or_none
 
 BT, BB = 128, 1 << 19
 TIERS = [("host", "host"), ("remote", "remote")]
@@ -92,3 +92,13 @@ def test_cost_profile_file_starts_the_model_and_a_bad_one_is_refused(tmp_path):
     broken.write_text("{}")
     with pytest.raises(kvtier.InvalidArgument, match="broken.json"):
         model(profile_path=str(broken))
+
+
+def test_a_hit_without_state_inside_loads_whole_or_not_at_all():
+    # A split (load 3 of 8, compute the rest) has no state at block 3 to resume from.
+    cheap_load = Decision(3, "split", 1.0, load_all_s=1.5, recompute_all_s=2.0)
+    assert whole_or_none(cheap_load, 8) == Decision(8, "load", 1.5, 1.5, 2.0)
+    cheap_compute = Decision(3, "split", 1.0, load_all_s=2.5, recompute_all_s=2.0)
+    assert whole_or_none(cheap_compute, 8) == Decision(0, "recompute", 2.0, 2.5, 2.0)
+    for d in (Decision(8, "load"), Decision(0, "recompute")):
+        assert whole_or_none(d, 8) is d

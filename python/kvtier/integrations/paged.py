@@ -12,7 +12,8 @@ Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
   "split":  [2, N, H, P, D]  vLLM CPU before it
   "latent": [N, 1, P, D]     MLA: one latent per token
 A grouped layout (hybrid models) has one PagedKv per group (`group`), each copying its group's
-kept pages at the group's offset in the block; GroupedPaged holds them all.
+kept pages at the group's offset in the block, and one StatePages per state group (a Mamba /
+linear-attention layer's page: its state's bytes, one row per page); GroupedPaged holds them all.
 Thread-safety: none; one PagedKv per worker.
 """
 
@@ -114,6 +115,60 @@ class PagedKv:
         kvtier.scatter_pages); a negative page id is left unwritten."""
         kvtier.scatter_pages(src, self.layers, page_ids, self.layout, self.page_tokens,
                              self.kind, skip, self.group)
+
+
+class StatePages:
+    """A state group's pages: per layer, a tensor whose row p is page p, state_bytes long (vLLM
+    gives a Mamba layer as [N, 1, 1, state bytes] int8, rows a padded page apart). gather()
+    copies row p of every layer to the group's offset in a block (page -1: zeros, a state vLLM
+    did not keep); scatter() copies back, skipping -1. Torch index copies: one per layer."""
+
+    kind = "state"
+    keep = 1
+
+    def __init__(self, layers: list[torch.Tensor], layout: kvtier.KvLayout, group: int,
+                 names: list[str] | None = None):
+        g = layout.groups[group]
+        names = names or [str(i) for i in range(len(layers))]
+        if len(layers) != g.num_layers:
+            raise ValueError(f"{len(layers)} state tensors for a group of {g.num_layers} layers")
+        self.layers, self.layout, self.group = layers, layout, group
+        self.rows = []
+        for name, t in zip(names, layers):
+            size = t[0].numel() * t.element_size() if t.dim() else 0
+            if t.dim() < 2 or size != g.state_bytes or not t[0].is_contiguous():
+                raise ValueError(f"unknown state page layout {list(t.shape)} ({t.dtype}) for "
+                                 f"layer {name}; known: [num_blocks, ...] of {g.state_bytes} "
+                                 "contiguous bytes per block")
+            row = torch.empty(0, dtype=torch.uint8, device=t.device)
+            row.set_(t.untyped_storage(), t.storage_offset() * t.element_size(),
+                     (t.shape[0], size), (t.stride(0) * t.element_size(), 1))
+            self.rows.append(row)
+        self.size = g.state_bytes
+        self.offset = layout.group_offset(group)
+
+    def _span(self, layer: int) -> slice:
+        a = self.offset + layer * self.size
+        return slice(a, a + self.size)
+
+    def gather(self, page_ids, out: torch.Tensor) -> None:
+        ids = torch.as_tensor(list(page_ids), dtype=torch.long)
+        have = (ids >= 0).nonzero().flatten()
+        flat = out.view(out.shape[0], -1).view(torch.uint8)
+        for li, rows in enumerate(self.rows):
+            part = flat[:, self._span(li)]
+            if len(have) < len(ids):
+                part.zero_()
+            part[have] = rows[ids[have]]
+
+    def scatter(self, src: torch.Tensor, page_ids) -> None:
+        ids = torch.as_tensor(list(page_ids), dtype=torch.long)
+        have = (ids >= 0).nonzero().flatten()
+        if not len(have):
+            return
+        flat = src.view(src.shape[0], -1).view(torch.uint8)
+        for li, rows in enumerate(self.rows):
+            rows[ids[have]] = flat[have][:, self._span(li)]
 
 
 class GroupedPaged:

@@ -46,6 +46,16 @@ class Decision:
     recompute_all_s: float = 0.0
 
 
+def whole_or_none(d: Decision, n: int) -> Decision:
+    """d for a hit that resumes only at its end (a model with state groups: no state inside it):
+    a split becomes all n blocks or none, whichever the model prices cheaper."""
+    if not 0 < d.load_blocks < n:
+        return d
+    load = d.load_all_s <= d.recompute_all_s
+    return Decision(n if load else 0, "load" if load else "recompute",
+                    min(d.load_all_s, d.recompute_all_s), d.load_all_s, d.recompute_all_s)
+
+
 def _fit_line(samples) -> tuple[float, float] | None:
     """seconds = a + bytes / bw by least squares; (a, bw), or None without two distinct sizes."""
     n = len(samples)

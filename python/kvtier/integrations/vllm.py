@@ -70,9 +70,9 @@ from kvtier.integrations.background import (  # noqa: E402
     wait_saves,  # noqa: F401 (tests call it through this module)
 )
 from kvtier.integrations.paged import GroupedPaged  # noqa: E402
-from kvtier.integrations.planning import CostModel  # noqa: E402
+from kvtier.integrations.planning import CostModel, whole_or_none  # noqa: E402
 from kvtier.integrations.vllm_groups import (  # noqa: E402
-    layout_from, load_pages, save_pages, stored_report)
+    layout_from, load_pages, resume_key, save_pages, stored_report)
 # The names tests and tools read from this module: re-exported.
 from kvtier.integrations.vllm_support import (  # noqa: E402,F401
     _CONNECTORS,
@@ -125,6 +125,18 @@ class _ReqState:
     plan_counts: tuple | None = None
     session: int = 0
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
+    # State groups: the planned load's last block comes from its resume key (vllm_groups).
+    resume_key: Any = None
+
+
+# A lookup of a model with state groups probes resume keys back from its hit's end this far:
+# vLLM keeps a state at every decoded block's end and at each prefill chunk's, so a conversation's
+# next turn finds one within its previous turn's blocks.
+MAX_RESUME_PROBES = 64
+
+
+def _pair(key) -> tuple[int, int]:
+    return key.hi, key.lo
 
 
 _open_failures: set[str] = set()  # configs whose cache could not be opened (warned once)
@@ -158,6 +170,7 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         # several (or a sliding window, whose earlier pages vLLM no longer holds) a failed load
         # fails its request's load as a whole: asynchronous loads, reported in failed_recving.
         self._whole_request_failures = self._layout.grouped
+        self._has_state = any(g.kind == "state" for g in self._groups)
         # vLLM's reference CPU MLA backend (CPU_MLA: fp32, or no AMX) prefills without reading
         # KV it did not compute in that step, so vLLM turns prefix caching off for it; a load
         # would be ignored and the output wrong. kvtier then stores but never loads.
@@ -380,12 +393,16 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         st.saved_blocks = max(st.saved_blocks, hit_blocks)
         self._counters.add(lookup_requests=1)
         first = num_computed_tokens // self._kb
-        st.load_blocks = 0
+        st.load_blocks, st.resume_key = 0, None
+        if self._has_state and hit_blocks * self._kb > num_computed_tokens:
+            hit, hit_blocks = self._resume_point(st, hit, first)
         if hit_blocks * self._kb <= num_computed_tokens:
             hit.release()
             return 0, False
         tiers = [self._tier_of(src) for src in hit.source[first:hit_blocks]]
         d = self._cost.decide(len(tokens), first, tiers)
+        if self._has_state:  # no state inside the hit: all of it or none
+            d = whole_or_none(d, len(tiers))
         declined = [0] * (max(hit.source[first:hit_blocks]) + 1)
         by_tier: dict[str, int] = {}
         for i, tier in enumerate(tiers[d.load_blocks:]):
@@ -407,6 +424,30 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         st.load_async = self._whole_request_failures or self._async_mode == "always" or (
             self._async_mode == "auto" and kinds != {"host"})
         return end * self._kb - num_computed_tokens, st.load_async
+
+    def _resume_point(self, st: _ReqState, hit, first: int):
+        """The longest prefix of hit (a chain lookup) whose last block holds every state group's
+        state: its resume key is probed from the hit's end back to block `first`, at most
+        MAX_RESUME_PROBES; the lookup of the chain up to that block and its resume key, pinned,
+        replaces hit. (hit, 0) when there is none."""
+        n = hit.hit_blocks
+        hit.release()
+        for j in range(n - 1, max(first, n - MAX_RESUME_PROBES) - 1, -1):
+            rk = resume_key(st.keys[j])
+            probe = self._cache.lookup_keys([rk], tenant=st.tenant, lora_id=st.lora_id)
+            found = probe.hit_blocks == 1
+            probe.release()
+            if not found:
+                continue
+            again = self._cache.lookup_keys(st.keys[:j] + [rk], tenant=st.tenant,
+                                            lora_id=st.lora_id, session_id=st.session)
+            if again.hit_blocks == j + 1:
+                st.resume_key = rk
+                self._counters.add(resume_probes=n - j)
+                return again, j + 1
+            again.release()  # evicted meanwhile: the shorter prefixes may still be whole
+        self._counters.add(resume_probes=min(n - first, MAX_RESUME_PROBES), resume_missed=1)
+        return hit, 0
 
     def _notify_session(self, session: int, event: str) -> None:
         try:
@@ -471,9 +512,13 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                 meta.loads.append(self._load_transfer(st, req_id, block_ids))
             if full > st.saved_blocks:
                 self._hash_to(st, tokens, full)
-                end, pages = save_pages(self._groups, block_ids, st.saved_blocks, full)
+                end, pages, resumable = save_pages(self._groups, block_ids, st.saved_blocks,
+                                                   full)
                 if end > st.saved_blocks:
                     t = self._transfer(st, req_id, st.saved_blocks, end, pages)
+                    t.resume = [(i - st.saved_blocks, _pair(resume_key(st.keys[i])))
+                                for i in resumable]
+                    self._counters.add(save_resume_blocks=len(t.resume))
                     if self._cache.wants_engine_hashes:
                         t.engine = self._engine_hashes(request, st.saved_blocks, end)
                     meta.saves.append(t)
@@ -514,6 +559,8 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         pages, whole = load_pages(self._groups, block_ids, first, st.load_blocks,
                                   st.load_from_token)
         t = self._transfer(st, req_id, first, st.load_blocks, pages)
+        if st.resume_key is not None:  # the last block, state and all, from its resume key
+            t.keys[-1] = _pair(st.resume_key)
         t.from_token = st.load_from_token
         t.is_async = st.load_async
         if whole < len(t.keys):  # blocks kvtier cannot fully restore: loaded as failures
@@ -523,7 +570,7 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
 
     def _transfer(self, st: _ReqState, req_id: str, first: int, end: int,
                   pages: list) -> _Transfer:
-        return _Transfer(req_id=req_id, keys=[(k.hi, k.lo) for k in st.keys[first:end]],
+        return _Transfer(req_id=req_id, keys=[_pair(k) for k in st.keys[first:end]],
                          first_block=first, pages=pages, tenant=st.tenant, lora_id=st.lora_id,
                          session=st.session)
 

@@ -2,23 +2,37 @@
 
 vLLM (0.32, hybrid KV-cache manager) gives every group of layers its own block table: full
 attention, MLA (one latent per token), sliding window (pages out of the window are the null
-block, id 0). kvtier stores one block per `block_tokens` tokens holding, group after group, what a
-resume at the block's end needs (doc/layout.md): every page of a full or MLA group, the last pages
-of a sliding-window group (those holding window - 1 tokens). A dense model keeps the ungrouped
-layout of earlier releases (same keys); an MLA-only model the ungrouped MLA layout.
+block, id 0), Mamba / linear-attention state (in vLLM's "align" mode a state page holds the state
+at its block's end, and only where vLLM kept one). kvtier stores one block per `block_tokens`
+tokens holding, group after group, what a resume at the block's end needs (doc/layout.md): every
+page of a full or MLA group, the last pages of a sliding-window group (those holding window - 1
+tokens), the state at the block's end of a state group. A block whose state vLLM did not keep is
+stored with its state zeroed, and is no place to resume; one whose state is there is stored a
+second time under its resume key (resume_key), which a lookup probes. A dense model keeps the
+ungrouped layout of earlier releases (same keys); an MLA-only model the ungrouped MLA layout.
 No vLLM import: the specs are read by their class names and fields.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import kvtier
 from kvtier.integrations.paged import DTYPES
 
 SPEC_KINDS = {"FullAttentionSpec": "full", "MLAAttentionSpec": "latent",
-              "SlidingWindowSpec": "sliding_window"}
+              "SlidingWindowSpec": "sliding_window", "MambaSpec": "state"}
 NULL_PAGE = 0  # vLLM's null block: a page a group does not hold
+# The resume key of block i is the key of one more block of this single token chained on key_i
+# (doc/layout.md): no tokenizer gives this id, and no chain key hashes one token.
+RESUME_TOKEN = 0xFFFFFFFF
+
+
+def resume_key(key: kvtier.BlockKey) -> kvtier.BlockKey:
+    """Where block `key` is stored a second time when its state groups hold the state at its
+    end: a lookup finds a place to resume by probing these."""
+    return kvtier.hash_prefix(key, 1, [RESUME_TOKEN])[0]
 
 
 @dataclass
@@ -30,14 +44,32 @@ class Group:
     keep: int  # of them, the last `keep` are stored
 
 
+def _state_group(spec, names: list[str], kb: int, index: int) -> tuple[Group, kvtier.KvLayoutGroup]:
+    mode = str(getattr(spec, "mamba_cache_mode", "none"))
+    if mode != "align":
+        raise ValueError(f"kvtier connector: KV-cache group {index} is Mamba / linear-attention "
+                         f"state in vLLM's mamba_cache_mode '{mode}', which keeps no state at "
+                         "block boundaries; kvtier needs 'align' (turn prefix caching on, or pass "
+                         "--mamba-cache-mode align)")
+    page = int(spec.block_size)
+    if kb % page != 0:
+        raise ValueError(f"kvtier connector: block_tokens {kb} is not a multiple of group "
+                         f"{index}'s block size {page} (vLLM's scheduler block for this model)")
+    # One layer's state: its tensors (conv, SSM), unpadded, as vLLM lays them in a page.
+    nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in zip(spec.shapes, spec.dtypes))
+    g = kvtier.KvLayoutGroup("state", len(names), 0, 0, "fp32", state_bytes=nbytes)
+    return Group("state", list(names), page, kb // page, 1), g
+
+
 def _group_of(spec, names: list[str], kb: int, index: int) -> tuple[Group, kvtier.KvLayoutGroup]:
     cls = type(spec).__name__
     kind = SPEC_KINDS.get(cls)
     if kind is None:
-        what = ("Mamba / linear-attention state (Qwen3-Next, Jamba, ...)"
-                if "Mamba" in cls else cls)
-        raise ValueError(f"kvtier connector: KV-cache group {index} is {what}, which kvtier does "
-                         "not store yet (supported: full attention, MLA, sliding window)")
+        raise ValueError(f"kvtier connector: KV-cache group {index} is {cls}, which kvtier does "
+                         "not store (supported: full attention, MLA, sliding window, Mamba / "
+                         "linear-attention state)")
+    if kind == "state":
+        return _state_group(spec, names, kb, index)
     if kind == "full" and getattr(spec, "sliding_window", None):
         kind = "sliding_window"
     dtype = DTYPES.get(spec.dtype)
@@ -72,36 +104,55 @@ def layout_from(kv_cache_config, kb: int) -> tuple[kvtier.KvLayout, list[Group]]
     return kvtier.KvLayout.from_groups([p[1] for p in pairs], kb), groups
 
 
-def save_pages(groups: list[Group], block_ids, first: int, end: int) -> tuple[int, list]:
-    """The pages kvtier blocks [first, end) keep, per group (flat, block after block), and the
-    end actually covered: a block whose kept page vLLM no longer holds ends the run (only a
-    sliding window drops pages, and only those out of every later window)."""
+def save_pages(groups: list[Group], block_ids, first: int, end: int) -> tuple[int, list, list]:
+    """The pages kvtier blocks [first, end) keep, per group (flat, block after block), the end
+    actually covered, and the blocks among them whose every state group holds the state at the
+    block's end (resumable: stored a second time under resume_key). A block whose kept window
+    page vLLM no longer holds ends the run (only a sliding window drops pages, and only those
+    out of every later window); a state page vLLM did not keep is -1 (zeroed in the block)."""
     pages: list[list[int]] = [[] for _ in groups]
+    resumable: list[int] = []
+    has_state = any(g.kind == "state" for g in groups)
     for i in range(first, end):
-        picked = []
+        picked, whole_state = [], has_state
         for g, ids in zip(groups, block_ids):
             span = list(ids[i * g.per_block:(i + 1) * g.per_block])
             kept = span[g.per_block - g.keep:] if g.keep else []
-            if len(span) < g.per_block or NULL_PAGE in kept:
-                return i, pages
+            if len(span) < g.per_block:
+                return i, pages, resumable
+            if g.kind == "state":
+                whole_state = whole_state and NULL_PAGE not in kept
+                kept = [p if p != NULL_PAGE else -1 for p in kept]
+            elif NULL_PAGE in kept:
+                return i, pages, resumable
             picked.append(kept)
         for out, kept in zip(pages, picked):
             out.extend(kept)
-    return end, pages
+        if whole_state:
+            resumable.append(i)
+    return end, pages, resumable
 
 
 def load_pages(groups: list[Group], block_ids, first: int, end: int,
                from_token: int) -> tuple[list, int]:
     """The pages to write for kvtier blocks [first, end), per group, -1 where a page is not
-    written (before from_token: vLLM computed it; the null block: the group does not need it);
-    and how many leading blocks can be restored: a block with a page vLLM needs but kvtier does
-    not keep ends them (it never happens with vLLM 0.32's window accounting)."""
+    written (before from_token: vLLM computed it; the null block: the group does not need it;
+    a state group's page of any block but the last: the last block's state is the one vLLM
+    resumes from); and how many leading blocks can be restored: a block with a page vLLM needs
+    but kvtier does not keep ends them (it never happens with vLLM 0.32's window accounting),
+    and a load whose last block has no state page vLLM allocated restores none."""
     pages: list[list[int]] = [[] for _ in groups]
     whole = end - first
     for i in range(first, end):
         for gi, (g, ids) in enumerate(zip(groups, block_ids)):
             span = list(ids[i * g.per_block:(i + 1) * g.per_block])
             span += [NULL_PAGE] * (g.per_block - len(span))
+            if g.kind == "state":
+                page = span[-1] if i == end - 1 else NULL_PAGE
+                if i == end - 1 and page == NULL_PAGE:
+                    whole = 0
+                pages[gi].append(page if page != NULL_PAGE else -1)
+                continue
             for j, page in enumerate(span):
                 start = (i * g.per_block + j) * g.page_tokens
                 needed = page != NULL_PAGE and start >= from_token

@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 import kvtier
 from kvtier.integrations.background import StagingPool, engine_hashes
-from kvtier.integrations.paged import GroupedPaged, PagedKv, layer_order
+from kvtier.integrations.paged import GroupedPaged, PagedKv, StatePages, layer_order
 from kvtier.integrations.vllm_support import (
     KvtierConnectorMetadata,
     KvtierWorkerMetadata,
@@ -48,8 +48,10 @@ class WorkerHalf:
                 missing = [n for n in names if n not in kv_caches]
                 if missing:
                     raise ValueError(f"no KV tensor for layer {missing[0]} of group {gi}")
-                parts.append(PagedKv([kv_caches[n] for n in names], self._layout, g.page_tokens,
-                                     names, gi if self._layout.grouped else -1))
+                layers = [kv_caches[n] for n in names]
+                parts.append(StatePages(layers, self._layout, gi, names) if g.kind == "state" else
+                             PagedKv(layers, self._layout, g.page_tokens, names,
+                                     gi if self._layout.grouped else -1))
         except ValueError as e:
             raise ValueError(f"kvtier connector: {e}") from None
         self._paged = GroupedPaged(parts)
@@ -212,6 +214,9 @@ class WorkerHalf:
             k = len(t.keys)
             batch.append((t.keys, staging[off:off + k], t.first_block, t.tenant, t.lora_id,
                           t.session, engine_hashes(t.engine)))
+            for i, key in t.resume:  # the same bytes, under the block's resume key
+                batch.append(([key], staging[off + i:off + i + 1], t.first_block + i, t.tenant,
+                              t.lora_id, t.session, []))
             off += k
         if not self._saver.submit(batch,
                                   lambda results, buf=buf: self._saved(batch, results, buf)):
