@@ -4,8 +4,11 @@
 // A grouped layout (`groups` not empty: hybrid models, sliding windows, MLA beside other
 // attention) stores in one block what every group needs to resume at the block's end, group
 // after group: full and latent groups every token, a sliding-window group the engine pages that
-// hold the window before the block's end, a state group its state at the block's end. A hit is
-// then a whole prefix for every group at once; no group can be restored partly.
+// hold the window before the block's end. A hit is then a whole prefix for every group at once;
+// no group can be restored partly. State groups (Mamba / linear attention) are not in the block:
+// an engine keeps a state at some boundaries only, so the states at a boundary form a state
+// record of state_blocks() blocks, stored under the block's state keys (doc/layout.md) where
+// there is one.
 //
 // Byte order inside a block, for MHA/GQA:
 //   for layer in [0, num_layers): K[block_tokens][num_kv_heads][head_dim], then V (same shape)
@@ -55,8 +58,11 @@ struct KvLayoutGroup {
   // Tokens of a block_tokens block this group keeps: every one, or for a sliding window the
   // last pages covering window - 1 tokens (all a resume at the block's end reads); 0 for state.
   uint32_t stored_tokens(uint32_t block_tokens) const;
-  uint64_t bytes_per_block(uint32_t block_tokens) const;
-  // What storing every token would take (a sliding window's full KV), for reports.
+  uint64_t bytes_per_block(uint32_t block_tokens) const;  // 0 for state (in the state record)
+  // A state group's share of a state record: every layer's state (0 for other kinds).
+  uint64_t state_record_bytes() const { return uint64_t{num_layers} * state_bytes; }
+  // What storing every token would take (a sliding window's full KV; a state group's state at
+  // every block's end), for reports.
   uint64_t full_bytes_per_block(uint32_t block_tokens) const;
   uint64_t bytes_per_token_layer() const;  // one layer, one token (0 for state)
   Status Validate(uint32_t block_tokens, const std::string& where) const;
@@ -84,10 +90,14 @@ struct KvLayout {
   // over its tokens, rounded down.
   uint64_t bytes_per_token() const;
   uint64_t bytes_per_block() const;
-  // What the block would take storing every group's every token (== bytes_per_block() but for
-  // sliding windows).
+  // What the block would take storing every group's every token and every state (==
+  // bytes_per_block() but for sliding windows and state groups).
   uint64_t full_bytes_per_block() const;
-  // Where group g starts inside a block.
+  // The states at one boundary, every state group's, one after the other (0: no state group),
+  // and the blocks they are stored in (the last one zero-padded).
+  uint64_t state_bytes() const;
+  uint32_t state_blocks() const;
+  // Where group g starts inside a block, or for a state group inside the state record.
   uint64_t group_offset(size_t g) const;
   // The groups; an ungrouped layout as its one full (MLA: latent) group.
   std::vector<KvLayoutGroup> AsGroups() const;

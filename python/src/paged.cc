@@ -297,6 +297,7 @@ void RegisterLayout(nb::module_& m) {
       .def("stored_tokens", &KvLayoutGroup::stored_tokens, "block_tokens"_a)
       .def("bytes_per_block", &KvLayoutGroup::bytes_per_block, "block_tokens"_a)
       .def("full_bytes_per_block", &KvLayoutGroup::full_bytes_per_block, "block_tokens"_a)
+      .def_prop_ro("state_record_bytes", &KvLayoutGroup::state_record_bytes)
       .def("__eq__", [](const KvLayoutGroup& a, const KvLayoutGroup& b) { return a == b; })
       .def("__repr__", &KvLayoutGroup::ToString);
 
@@ -338,6 +339,8 @@ void RegisterLayout(nb::module_& m) {
       .def_prop_ro("bytes_per_block", &KvLayout::bytes_per_block)
       .def_prop_ro("full_bytes_per_block", &KvLayout::full_bytes_per_block)
       .def("group_offset", &KvLayout::group_offset, "group"_a)
+      .def_prop_ro("state_bytes", &KvLayout::state_bytes)
+      .def_prop_ro("state_blocks", &KvLayout::state_blocks)
       .def_prop_ro("layer_bytes", &KvLayout::layer_bytes)
       .def_prop_ro("fingerprint", &KvLayout::fingerprint)
       .def("__eq__", [](const KvLayout& a, const KvLayout& b) { return a == b; })

@@ -5,17 +5,16 @@ import glob
 import os
 
 
-def _records(disk_dir):
-    """(segment path, [(record offset, payload bytes)]) of the first segment, in store order."""
-    seg = sorted(glob.glob(os.path.join(disk_dir, "seg-*.kvs")))[0]
+def _records(seg):
+    """[(record offset, key bytes, payload length)] of a segment, in the order written."""
     with open(seg, "rb") as f:
         data = f.read()
     out, off = [], 4096
     while off < len(data) and data[off:off + 8] == b"KVTIERRC":
         payload = int.from_bytes(data[off + 32:off + 40], "little")
-        out.append((off, data[off + 4096:off + 4096 + payload]))
+        out.append((off, data[off + 16:off + 32], payload))
         off += 4096 + (payload + 4095) // 4096 * 4096
-    return seg, out
+    return out
 
 
 def _flip(seg, off):
@@ -28,26 +27,22 @@ def _flip(seg, off):
 
 def corrupt_second_record(disk_dir):
     """Flips a payload byte of the second block stored (turn 1's block 1), see doc/disk_format.md."""
-    seg, records = _records(disk_dir)
+    seg = sorted(glob.glob(os.path.join(disk_dir, "seg-*.kvs")))[0]
+    records = _records(seg)
     if len(records) < 2:
         raise AssertionError(f"no second record in {seg}")
     _flip(seg, records[1][0])
     return seg
 
 
-def corrupt_resume_record(disk_dir, n):
-    """Flips a payload byte of the n-th (from 0) block stored under a resume key. A block holding
-    its state is stored under its chain key, then again under its resume key: records with equal
-    payloads, the chain key's first; every later one of the n-th such payload is damaged (a
-    later process may have stored the block again)."""
-    seg, records = _records(disk_dir)
-    groups: dict = {}
-    for off, payload in records:
-        groups.setdefault(payload, []).append(off)
-    repeated = [offs for offs in groups.values() if len(offs) > 1]  # in first-store order
-    if len(repeated) <= n:
-        raise AssertionError(f"{len(repeated)} blocks stored under resume keys in {seg}; "
-                             f"wanted the {n + 1}th")
-    for off in repeated[n][1:]:
-        _flip(seg, off)
-    return seg
+def corrupt_key(disk_dir, key):
+    """Flips a payload byte of every record stored under key (a kvtier.BlockKey), in every
+    segment (a later process may have stored it again); returns how many."""
+    want = key.hi.to_bytes(8, "little") + key.lo.to_bytes(8, "little")
+    n = 0
+    for seg in sorted(glob.glob(os.path.join(disk_dir, "seg-*.kvs"))):
+        for off, k, payload in _records(seg):
+            if k == want and payload:
+                _flip(seg, off)
+                n += 1
+    return n

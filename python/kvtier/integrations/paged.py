@@ -13,7 +13,8 @@ Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
   "latent": [N, 1, P, D]     MLA: one latent per token
 A grouped layout (hybrid models) has one PagedKv per group (`group`), each copying its group's
 kept pages at the group's offset in the block, and one StatePages per state group (a Mamba /
-linear-attention layer's page: its state's bytes, one row per page); GroupedPaged holds them all.
+linear-attention layer's page: its state's bytes, one row per page) copying to and from the
+group's offset in a state record; GroupedPaged holds them all.
 Thread-safety: none; one PagedKv per worker.
 """
 
@@ -120,8 +121,8 @@ class PagedKv:
 class StatePages:
     """A state group's pages: per layer, a tensor whose row p is page p, state_bytes long (vLLM
     gives a Mamba layer as [N, 1, 1, state bytes] int8, rows a padded page apart). gather()
-    copies row p of every layer to the group's offset in a block (page -1: zeros, a state vLLM
-    did not keep); scatter() copies back, skipping -1. Torch index copies: one per layer."""
+    copies row p of every layer to the group's offset in a state record (out: [records, bytes];
+    page -1: zeros); scatter() copies back, skipping -1. Torch index copies: one per layer."""
 
     kind = "state"
     keep = 1
@@ -185,12 +186,31 @@ class GroupedPaged:
         """n kvtier blocks as bytes."""
         return torch.empty((n, self.layout.bytes_per_block), dtype=torch.uint8)
 
+    def records(self, blocks: torch.Tensor) -> torch.Tensor:
+        """State records over staging blocks (state_blocks of them each): [records, bytes]."""
+        per = self.layout.state_blocks * self.layout.bytes_per_block
+        return blocks.reshape(-1).view(blocks.shape[0] // self.layout.state_blocks, per)
+
     def gather(self, pages: list, out: torch.Tensor) -> None:
+        """Every group but the state groups (pages: per group; a state group's are not read)."""
         for part, ids in zip(self.parts, pages):
-            if part.keep:
+            if part.keep and part.kind != "state":
                 part.gather(ids, out)
 
     def scatter(self, src: torch.Tensor, pages: list) -> None:
         for part, ids in zip(self.parts, pages):
-            if part.keep:
+            if part.keep and part.kind != "state":
                 part.scatter(src, ids)
+
+    def gather_states(self, pages: list, records: torch.Tensor) -> None:
+        """records[r] <- the state pages pages[g][r] of every state group g (records: [n, m x
+        block bytes]); the padding past the states is zeroed."""
+        records[:, self.layout.state_bytes:].zero_()
+        for part, ids in zip(self.parts, pages):
+            if part.kind == "state":
+                part.gather(ids, records)
+
+    def scatter_states(self, records: torch.Tensor, pages: list) -> None:
+        for part, ids in zip(self.parts, pages):
+            if part.kind == "state":
+                part.scatter(records, ids)

@@ -72,7 +72,7 @@ from kvtier.integrations.background import (  # noqa: E402
 from kvtier.integrations.paged import GroupedPaged  # noqa: E402
 from kvtier.integrations.planning import CostModel, whole_or_none  # noqa: E402
 from kvtier.integrations.vllm_groups import (  # noqa: E402
-    layout_from, load_pages, resume_key, save_pages, stored_report)
+    layout_from, load_pages, save_pages, state_keys, stored_report)
 # The names tests and tools read from this module: re-exported.
 from kvtier.integrations.vllm_support import (  # noqa: E402,F401
     _CONNECTORS,
@@ -125,11 +125,11 @@ class _ReqState:
     plan_counts: tuple | None = None
     session: int = 0
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
-    # State groups: the planned load's last block comes from its resume key (vllm_groups).
-    resume_key: Any = None
+    # State groups: the state keys of the planned load's last block (vllm_groups.state_keys).
+    state_keys: list | None = None
 
 
-# A lookup of a model with state groups probes resume keys back from its hit's end this far:
+# A lookup of a model with state groups probes state keys back from its hit's end this far:
 # vLLM keeps a state at every decoded block's end and at each prefill chunk's, so a conversation's
 # next turn finds one within its previous turn's blocks.
 MAX_RESUME_PROBES = 64
@@ -323,6 +323,7 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
             counters["decisions"] = dict(self._counters.decisions)
         doc = {"pid": os.getpid(), "role": self._role.name, "connector": counters,
                "kvtier": self._cache.stats() if self._cache is not None else None,
+               "model_id": self._config["model_id"],
                "model_revision": self._config["model_revision"], "vllm": VLLM_VERSION,
                "layout": stored_report(self._layout, self._groups)}
         if self._cost is not None and self._role == KVConnectorRole.SCHEDULER:
@@ -393,7 +394,7 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         st.saved_blocks = max(st.saved_blocks, hit_blocks)
         self._counters.add(lookup_requests=1)
         first = num_computed_tokens // self._kb
-        st.load_blocks, st.resume_key = 0, None
+        st.load_blocks, st.state_keys = 0, None
         if self._has_state and hit_blocks * self._kb > num_computed_tokens:
             hit, hit_blocks = self._resume_point(st, hit, first)
         if hit_blocks * self._kb <= num_computed_tokens:
@@ -426,23 +427,24 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         return end * self._kb - num_computed_tokens, st.load_async
 
     def _resume_point(self, st: _ReqState, hit, first: int):
-        """The longest prefix of hit (a chain lookup) whose last block holds every state group's
-        state: its resume key is probed from the hit's end back to block `first`, at most
-        MAX_RESUME_PROBES; the lookup of the chain up to that block and its resume key, pinned,
-        replaces hit. (hit, 0) when there is none."""
+        """The longest prefix of hit (a chain lookup) whose last block's state record is stored:
+        its first state key is probed from the hit's end back to block `first`, at most
+        MAX_RESUME_PROBES; the lookup of the chain up to that block and its state record,
+        pinned, replaces hit. Returns (lookup, chain blocks), or (hit, 0) when there is none."""
         n = hit.hit_blocks
         hit.release()
+        m = self._layout.state_blocks
         for j in range(n - 1, max(first, n - MAX_RESUME_PROBES) - 1, -1):
-            rk = resume_key(st.keys[j])
-            probe = self._cache.lookup_keys([rk], tenant=st.tenant, lora_id=st.lora_id)
+            keys = state_keys(st.keys[j], m)
+            probe = self._cache.lookup_keys(keys[:1], tenant=st.tenant, lora_id=st.lora_id)
             found = probe.hit_blocks == 1
             probe.release()
             if not found:
                 continue
-            again = self._cache.lookup_keys(st.keys[:j] + [rk], tenant=st.tenant,
+            again = self._cache.lookup_keys(st.keys[:j + 1] + keys, tenant=st.tenant,
                                             lora_id=st.lora_id, session_id=st.session)
-            if again.hit_blocks == j + 1:
-                st.resume_key = rk
+            if again.hit_blocks == j + 1 + m:
+                st.state_keys = keys
                 self._counters.add(resume_probes=n - j)
                 return again, j + 1
             again.release()  # evicted meanwhile: the shorter prefixes may still be whole
@@ -516,9 +518,11 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                                                    full)
                 if end > st.saved_blocks:
                     t = self._transfer(st, req_id, st.saved_blocks, end, pages)
-                    t.resume = [(i - st.saved_blocks, _pair(resume_key(st.keys[i])))
+                    m = self._layout.state_blocks
+                    t.resume = [(i - st.saved_blocks,
+                                 [_pair(k) for k in state_keys(st.keys[i], m)])
                                 for i in resumable]
-                    self._counters.add(save_resume_blocks=len(t.resume))
+                    self._counters.add(save_state_records=len(t.resume))
                     if self._cache.wants_engine_hashes:
                         t.engine = self._engine_hashes(request, st.saved_blocks, end)
                     meta.saves.append(t)
@@ -559,8 +563,9 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         pages, whole = load_pages(self._groups, block_ids, first, st.load_blocks,
                                   st.load_from_token)
         t = self._transfer(st, req_id, first, st.load_blocks, pages)
-        if st.resume_key is not None:  # the last block, state and all, from its resume key
-            t.keys[-1] = _pair(st.resume_key)
+        if st.state_keys is not None:  # the last block's state record follows the chain
+            t.keys += [_pair(k) for k in st.state_keys]
+            t.states = len(st.state_keys)
         t.from_token = st.load_from_token
         t.is_async = st.load_async
         if whole < len(t.keys):  # blocks kvtier cannot fully restore: loaded as failures

@@ -6,10 +6,10 @@ block, id 0), Mamba / linear-attention state (in vLLM's "align" mode a state pag
 at its block's end, and only where vLLM kept one). kvtier stores one block per `block_tokens`
 tokens holding, group after group, what a resume at the block's end needs (doc/layout.md): every
 page of a full or MLA group, the last pages of a sliding-window group (those holding window - 1
-tokens), the state at the block's end of a state group. A block whose state vLLM did not keep is
-stored with its state zeroed, and is no place to resume; one whose state is there is stored a
-second time under its resume key (resume_key), which a lookup probes. A dense model keeps the
-ungrouped layout of earlier releases (same keys); an MLA-only model the ungrouped MLA layout.
+tokens). State groups are not in the block: where vLLM kept every state group's state at a block's
+end, the states form the block's state record, stored under its state keys (state_keys), which a
+lookup probes; a block without one is no place to resume. A dense model keeps the ungrouped
+layout of earlier releases (same keys); an MLA-only model the ungrouped MLA layout.
 No vLLM import: the specs are read by their class names and fields.
 """
 
@@ -24,15 +24,16 @@ from kvtier.integrations.paged import DTYPES
 SPEC_KINDS = {"FullAttentionSpec": "full", "MLAAttentionSpec": "latent",
               "SlidingWindowSpec": "sliding_window", "MambaSpec": "state"}
 NULL_PAGE = 0  # vLLM's null block: a page a group does not hold
-# The resume key of block i is the key of one more block of this single token chained on key_i
-# (doc/layout.md): no tokenizer gives this id, and no chain key hashes one token.
-RESUME_TOKEN = 0xFFFFFFFF
+# State key p of block i is the key of a one-token block of token STATE_TOKEN - p chained on
+# key_i (doc/layout.md, "State records"): no tokenizer gives these ids, and no chain key hashes
+# one token.
+STATE_TOKEN = 0xFFFFFFFF
 
 
-def resume_key(key: kvtier.BlockKey) -> kvtier.BlockKey:
-    """Where block `key` is stored a second time when its state groups hold the state at its
-    end: a lookup finds a place to resume by probing these."""
-    return kvtier.hash_prefix(key, 1, [RESUME_TOKEN])[0]
+def state_keys(key: kvtier.BlockKey, n: int) -> list:
+    """The keys block `key`'s state record is stored under (n = layout.state_blocks); a lookup
+    finds a place to resume by probing the first."""
+    return [kvtier.hash_prefix(key, 1, [STATE_TOKEN - p])[0] for p in range(n)]
 
 
 @dataclass
@@ -107,9 +108,9 @@ def layout_from(kv_cache_config, kb: int) -> tuple[kvtier.KvLayout, list[Group]]
 def save_pages(groups: list[Group], block_ids, first: int, end: int) -> tuple[int, list, list]:
     """The pages kvtier blocks [first, end) keep, per group (flat, block after block), the end
     actually covered, and the blocks among them whose every state group holds the state at the
-    block's end (resumable: stored a second time under resume_key). A block whose kept window
-    page vLLM no longer holds ends the run (only a sliding window drops pages, and only those
-    out of every later window); a state page vLLM did not keep is -1 (zeroed in the block)."""
+    block's end (resumable: their state records are stored). A block whose kept window page vLLM
+    no longer holds ends the run (only a sliding window drops pages, and only those out of every
+    later window); a state page vLLM did not keep is -1."""
     pages: list[list[int]] = [[] for _ in groups]
     resumable: list[int] = []
     has_state = any(g.kind == "state" for g in groups)
@@ -166,14 +167,19 @@ def load_pages(groups: list[Group], block_ids, first: int, end: int,
 
 def stored_report(layout: kvtier.KvLayout, groups: list[Group]) -> dict:
     """What a kvtier block stores, per group and in all, beside what storing every group's every
-    token would take (a sliding window keeps only its last pages)."""
+    token would take (a sliding window keeps only its last pages); a state group's bytes are in
+    the state records, one per boundary where vLLM kept a state, not in every block."""
     kb = layout.block_tokens
     per_group = ([{"kind": g.kind, "bytes": lg.bytes_per_block(kb),
+                   "state_record_bytes": lg.state_record_bytes,
                    "full_bytes": lg.full_bytes_per_block(kb), "kept_pages": g.keep,
                    "pages": g.per_block} for g, lg in zip(groups, layout.groups)]
                  if layout.grouped else [{"kind": groups[0].kind, "bytes": layout.bytes_per_block,
                                           "full_bytes": layout.bytes_per_block,
                                           "kept_pages": groups[0].keep,
                                           "pages": groups[0].per_block}])
-    return {"layout": repr(layout), "block_bytes": layout.bytes_per_block,
-            "full_block_bytes": layout.full_bytes_per_block, "groups": per_group}
+    return {"layout": repr(layout), "fingerprint": layout.fingerprint,
+            "block_bytes": layout.bytes_per_block,
+            "full_block_bytes": layout.full_bytes_per_block, "groups": per_group,
+            "state_bytes": layout.state_bytes if layout.grouped else 0,
+            "state_blocks": layout.state_blocks if layout.grouped else 0}

@@ -51,9 +51,11 @@ class _Transfer:
     # Saves, when the cache publishes KV events: per kvtier block, vLLM's own (hashes, parent,
     # token_ids, lora_name), so kvtier announces the blocks as vLLM names them.
     engine: list | None = None
-    # Saves of a model with state groups: (i, resume key) per block keys[i] that holds the
-    # state at its end, stored a second time under that key (vllm_groups.resume_key).
+    # Saves of a model with state groups: (i, state keys) per block keys[i] that holds every
+    # state at its end: its state record is stored under them (vllm_groups.state_keys).
     resume: list = field(default_factory=list)
+    # Loads of such a model: the last `states` keys are the last block's state record.
+    states: int = 0
 
 
 @dataclass
@@ -85,7 +87,7 @@ class _Counters:
                        "load_failed_blocks": 0, "loaded_tokens": 0, "save_blocks": 0,
                        "save_failed_blocks": 0, "errors": 0, "async_loads": 0,
                        "promised_missed_blocks": 0, "save_unreachable_blocks": 0,
-                       "unrestorable_blocks": 0, "save_resume_blocks": 0, "resume_probes": 0,
+                       "unrestorable_blocks": 0, "save_state_records": 0, "resume_probes": 0,
                        "resume_missed": 0}
         # Per tier: tokens loaded, recomputed because the planner chose to, recomputed because
         # the load failed; per decision kind: how many requests.
