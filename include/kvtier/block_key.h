@@ -82,6 +82,12 @@ class PrefixHasher {
 void HashPrefix(const BlockKey& root, uint32_t block_tokens, std::span<const TokenId> tokens,
                 std::vector<BlockKey>* out);
 
+// The keys block `block`'s state record is stored under, n of them (KvLayout::state_blocks()):
+// key p is the key of a one-token block of token kStateToken - p chained on `block`, apart
+// from every chain key (doc/layout.md, "State records").
+inline constexpr TokenId kStateToken = 0xFFFFFFFFu;
+std::vector<BlockKey> StateKeys(const BlockKey& block, uint32_t n);
+
 // XXH3-64 of bytes: the block checksum used by the index and the lower tiers.
 uint64_t Checksum64(std::span<const std::byte> bytes);
 

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* The C API's own version: bumped on any incompatible change (the SONAME follows it). */
-#define KVTIER_C_API_VERSION 2
+#define KVTIER_C_API_VERSION 3
 
 typedef enum kvtier_code {
   KVTIER_OK = 0,
@@ -149,6 +149,27 @@ KVTIER_C_EXPORT kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup
 KVTIER_C_EXPORT kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup,
                                               uint32_t first, void* const* dst, size_t num_blocks,
                                               uint32_t* loaded_blocks);
+
+/* State records (a layout with state groups: Mamba / linear attention; doc/layout.md "State
+ * records"): the states at the end of a block, every state group's, stored where the engine
+ * kept them, in kvtier_cache_state_blocks() blocks (0: the layout has no state group). */
+KVTIER_C_EXPORT uint32_t kvtier_cache_state_blocks(const kvtier_cache* cache);
+/* Looks up full blocks 0..block of tokens followed by block `block`'s state record, and pins
+ * them. Resumable at the block's end when the hit is all of it (hit blocks == block + 1 +
+ * state_blocks): load the chain with kvtier_load_range(first 0, block + 1 blocks) and the
+ * record with kvtier_load_range(first block + 1, state_blocks). INVALID_ARGUMENT when tokens
+ * hold no full block `block` or the layout has no state group. */
+KVTIER_C_EXPORT kvtier_code kvtier_lookup_state(kvtier_cache* cache, const uint32_t* tokens,
+                                                size_t num_tokens, uint32_t block,
+                                                const kvtier_request* request, kvtier_lookup** out);
+/* Stores block `block`'s state record: record[0..state_blocks), kvtier_cache_block_bytes()
+ * bytes each (the states one after the other from byte 0, then zeros). Store the block itself
+ * with kvtier_store; a record without its chain is never a hit. */
+KVTIER_C_EXPORT kvtier_code kvtier_store_state(kvtier_cache* cache, const uint32_t* tokens,
+                                               size_t num_tokens, uint32_t block,
+                                               const void* const* record,
+                                               const kvtier_request* request,
+                                               kvtier_store_result* result);
 
 /* Stores blocks[i] (kvtier_cache_block_bytes() bytes each) as full block first_block + i of
  * tokens[0..num_tokens). request and result may be NULL. INVALID_ARGUMENT when there are more

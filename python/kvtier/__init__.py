@@ -48,6 +48,7 @@ from kvtier._kvtier import (  # noqa: F401
     layout_preset_names,
     scatter_pages,
     stat_fields,
+    state_keys,
 )
 
 __all__ = [
@@ -88,6 +89,7 @@ __all__ = [
     "parse_bytes",
     "scatter_pages",
     "stat_fields",
+    "state_keys",
 ]
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,

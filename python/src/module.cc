@@ -166,6 +166,8 @@ void RegisterKeys(nb::module_& m) {
       },
       "root"_a, "block_tokens"_a, "tokens"_a,
       "Keys of the full blocks of tokens (a partial last block has none).");
+  m.def("state_keys", &StateKeys, "block"_a, "n"_a,
+        "The keys block's state record is stored under (layout.state_blocks of them).");
   m.def(
       "checksum64",
       [](AnyConstArray a) {

@@ -134,6 +134,8 @@ def test_state_keys_are_apart_from_every_chain_key():
     assert len(set(states) | set(chain)) == 9
     assert state_keys(chain[1], 2) == states[2:4]  # the same keys every time
     assert state_keys(chain[1], 1) == states[2:3]
+    # The documented derivation: one token, 0xFFFFFFFF - p, chained on the block's key.
+    assert states[3] == kvtier.hash_prefix(chain[1], 1, [0xFFFFFFFF - 1])[0]
 
 
 def test_state_pages_copy_rows_at_the_groups_offset_and_zero_a_missing_state():

@@ -280,6 +280,73 @@ uint32_t kvtier_cache_block_tokens(const kvtier_cache* cache) {
   return cache ? cache->impl->layout().block_tokens : 0;
 }
 
+uint32_t kvtier_cache_state_blocks(const kvtier_cache* cache) {
+  return cache ? cache->impl->layout().state_blocks() : 0;
+}
+
+namespace {
+// Keys of blocks 0..block of tokens (with_chain) or none, then block's state keys.
+kvtier_code StateRecordKeys(const char* what, kvtier_cache* cache, const uint32_t* tokens,
+                            size_t num_tokens, uint32_t block, const kvtier_request* request,
+                            bool with_chain, std::vector<kvtier::BlockKey>* keys) {
+  if (cache == nullptr || (tokens == nullptr && num_tokens > 0))
+    return Fail(KVTIER_INVALID_ARGUMENT, std::string(what) + ": cache or tokens is NULL");
+  const uint32_t m = cache->impl->layout().state_blocks();
+  if (m == 0)
+    return Fail(KVTIER_INVALID_ARGUMENT, std::string(what) + ": the layout has no state group (" +
+                                             cache->impl->layout().ToString() + ")");
+  const uint32_t first = with_chain ? 0 : block;
+  auto chain = cache->impl->KeysOf(std::span<const uint32_t>(tokens, num_tokens), first,
+                                   size_t{block} - first + 1, ToRequest(request));
+  if (!chain.ok()) return Report(chain.status());
+  *keys = std::move(chain).value();
+  const std::vector<kvtier::BlockKey> state = kvtier::StateKeys(keys->back(), m);
+  if (!with_chain) keys->clear();
+  keys->insert(keys->end(), state.begin(), state.end());
+  return KVTIER_OK;
+}
+}  // namespace
+
+kvtier_code kvtier_lookup_state(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                                uint32_t block, const kvtier_request* request,
+                                kvtier_lookup** out) {
+  return Guard("kvtier_lookup_state", [&] {
+    if (out == nullptr) return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_lookup_state: out is NULL");
+    *out = nullptr;
+    std::vector<kvtier::BlockKey> keys;
+    if (kvtier_code c = StateRecordKeys("kvtier_lookup_state", cache, tokens, num_tokens, block,
+                                        request, true, &keys);
+        c != KVTIER_OK)
+      return c;
+    auto r = cache->impl->LookupKeys(keys, ToRequest(request));
+    if (!r.ok()) return Report(r.status());
+    *out = new kvtier_lookup{std::move(r).value()};
+    return KVTIER_OK;
+  });
+}
+
+kvtier_code kvtier_store_state(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
+                               uint32_t block, const void* const* record,
+                               const kvtier_request* request, kvtier_store_result* result) {
+  return Guard("kvtier_store_state", [&] {
+    if (result != nullptr) *result = kvtier_store_result{};
+    std::vector<kvtier::BlockKey> keys;
+    if (kvtier_code c = StateRecordKeys("kvtier_store_state", cache, tokens, num_tokens, block,
+                                        request, false, &keys);
+        c != KVTIER_OK)
+      return c;
+    StoreArgs a;
+    if (kvtier_code c =
+            a.Read("kvtier_store_state", cache, tokens, num_tokens, record, keys.size(), nullptr);
+        c != KVTIER_OK)
+      return c;
+    auto r = cache->impl->StoreKeys(keys, a.spans, block, ToRequest(request));
+    if (!r.ok()) return Report(r.status());
+    if (result != nullptr) *result = ToResult(*r);
+    return KVTIER_OK;
+  });
+}
+
 kvtier_code kvtier_lookup_tokens(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
                                  const kvtier_request* request, kvtier_lookup** out) {
   return Guard("kvtier_lookup_tokens", [&] {

@@ -145,6 +145,15 @@ void HashPrefix(const BlockKey& root, uint32_t block_tokens, std::span<const Tok
   }
 }
 
+std::vector<BlockKey> StateKeys(const BlockKey& block, uint32_t n) {
+  std::vector<BlockKey> out(n);
+  for (uint32_t p = 0; p < n; ++p) {
+    const TokenId token[1] = {kStateToken - p};
+    out[p] = ChainKey(block, token);
+  }
+  return out;
+}
+
 uint64_t Checksum64(std::span<const std::byte> bytes) {
   return WideXxh3(bytes.data(), bytes.size());
 }

@@ -30,6 +30,26 @@ TEST(BlockKeyTest, ChainIsXxh3OfParentAndTokens) {
   EXPECT_EQ(ChainKey(parent, t), (BlockKey{h.high64, h.low64}));
 }
 
+TEST(BlockKeyTest, StateKeysAreOneTokenChainsApartFromTheChain) {
+  // doc/layout.md, "State records": key p = the key of token 0xFFFFFFFF - p chained on the block.
+  const BlockKey block{0x0102030405060708ull, 0x1112131415161718ull};
+  const std::vector<BlockKey> keys = StateKeys(block, 3);
+  ASSERT_EQ(keys.size(), 3u);
+  for (uint32_t p = 0; p < 3; ++p) {
+    const TokenId t[1] = {0xFFFFFFFFu - p};
+    EXPECT_EQ(keys[p], ChainKey(block, t)) << p;
+  }
+  std::vector<BlockKey> chain;
+  HashPrefix(Root(), 4, Tokens(12, 1), &chain);
+  std::set<std::pair<uint64_t, uint64_t>> all;
+  for (const BlockKey& k : chain) {
+    all.insert({k.hi, k.lo});
+    for (const BlockKey& s : StateKeys(k, 2)) all.insert({s.hi, s.lo});
+  }
+  EXPECT_EQ(all.size(), 9u);
+  EXPECT_TRUE(StateKeys(block, 0).empty());
+}
+
 TEST(BlockKeyTest, GoldenValuesAreStable) {
   // Keys are shared across processes and machines: these must never change (they did once, for
   // the v2 root that carries the model revision).

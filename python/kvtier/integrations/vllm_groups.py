@@ -24,16 +24,10 @@ from kvtier.integrations.paged import DTYPES
 SPEC_KINDS = {"FullAttentionSpec": "full", "MLAAttentionSpec": "latent",
               "SlidingWindowSpec": "sliding_window", "MambaSpec": "state"}
 NULL_PAGE = 0  # vLLM's null block: a page a group does not hold
-# State key p of block i is the key of a one-token block of token STATE_TOKEN - p chained on
-# key_i (doc/layout.md, "State records"): no tokenizer gives these ids, and no chain key hashes
-# one token.
-STATE_TOKEN = 0xFFFFFFFF
-
-
 def state_keys(key: kvtier.BlockKey, n: int) -> list:
-    """The keys block `key`'s state record is stored under (n = layout.state_blocks); a lookup
-    finds a place to resume by probing the first."""
-    return [kvtier.hash_prefix(key, 1, [STATE_TOKEN - p])[0] for p in range(n)]
+    """The keys block `key`'s state record is stored under (n = layout.state_blocks; doc/
+    layout.md, "State records"); a lookup finds a place to resume by probing the first."""
+    return kvtier.state_keys(key, n)
 
 
 @dataclass

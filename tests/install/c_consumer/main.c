@@ -258,6 +258,66 @@ static int ThroughGroupedDaemon(const char* socket) {
   return 0;
 }
 
+/* A state layout (a full group beside two state groups of 1000 B per layer): blocks and state
+ * records stored apart; a lookup of the record resumes at a block only where it was stored. */
+static int StateRecords(void) {
+  kvtier_cache* cache = NULL;
+  CHECK(kvtier_cache_open_yaml(
+            "layout:\n  block_tokens: 16\n  groups:\n"
+            "    - {kind: state, num_layers: 2, state_bytes: 1000, dtype: fp32}\n"
+            "    - {kind: full, num_layers: 1, num_kv_heads: 2, head_dim: 16, dtype: fp16}\n"
+            "    - {kind: state, num_layers: 1, state_bytes: 1000, dtype: fp32}\n"
+            "tiers: [{kind: host, capacity: 1MiB}]\n",
+            "c_consumer-state", &cache) == KVTIER_OK);
+  const uint64_t bb = kvtier_cache_block_bytes(cache);
+  CHECK(bb == 2u * 2 * 16 * 16 * 2);            /* K,V x heads x head_dim x tokens x fp16 */
+  CHECK(kvtier_cache_state_blocks(cache) == 2); /* 3000 B of states in 2 KiB blocks */
+  uint32_t tokens[48];
+  for (int i = 0; i < 48; ++i) tokens[i] = (uint32_t)(i * 5 + 1);
+  unsigned char* mem = malloc(5 * bb);
+  unsigned char* got = calloc(4, bb);
+  CHECK(mem != NULL && got != NULL);
+  for (uint64_t i = 0; i < 5 * bb; ++i) mem[i] = (unsigned char)(i * 13 + 3);
+  const void* blocks[3] = {mem, mem + bb, mem + 2 * bb};
+  const void* record[2] = {mem + 3 * bb, mem + 4 * bb};
+  kvtier_store_result sr;
+  CHECK(kvtier_store(cache, tokens, 48, blocks, 3, 0, NULL, &sr) == KVTIER_OK);
+  CHECK(sr.stored_blocks == 3);
+  CHECK(kvtier_store_state(cache, tokens, 48, 1, record, NULL, &sr) == KVTIER_OK);
+  CHECK(sr.stored_blocks == 2);
+  /* Block 1 resumes: its chain and its record come back. */
+  kvtier_lookup* lk = NULL;
+  CHECK(kvtier_lookup_state(cache, tokens, 48, 1, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 2 + 2);
+  void* out[4] = {got, got + bb, got + 2 * bb, got + 3 * bb};
+  uint32_t loaded = 0;
+  CHECK(kvtier_load_range(cache, lk, 0, out, 2, &loaded) == KVTIER_OK && loaded == 2);
+  CHECK(kvtier_load_range(cache, lk, 2, out + 2, 2, &loaded) == KVTIER_OK && loaded == 2);
+  CHECK(memcmp(got, mem, 2 * bb) == 0 && memcmp(got + 2 * bb, mem + 3 * bb, 2 * bb) == 0);
+  kvtier_lookup_free(lk);
+  /* Block 2 has no record: the chain hits, the record does not. Another tenant sees neither. */
+  CHECK(kvtier_lookup_state(cache, tokens, 48, 2, NULL, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 3);
+  kvtier_lookup_free(lk);
+  kvtier_request other = {"tenant-b", NULL, 0};
+  CHECK(kvtier_lookup_state(cache, tokens, 48, 1, &other, &lk) == KVTIER_OK);
+  CHECK(kvtier_lookup_hit_blocks(lk) == 0);
+  kvtier_lookup_free(lk);
+  CHECK(kvtier_lookup_state(cache, tokens, 40, 2, NULL, &lk) == KVTIER_INVALID_ARGUMENT);
+  kvtier_cache_close(cache);
+
+  /* A layout without state groups has no records. */
+  CHECK(kvtier_cache_open_yaml(kConfig, "c_consumer", &cache) == KVTIER_OK);
+  CHECK(kvtier_cache_state_blocks(cache) == 0);
+  CHECK(kvtier_store_state(cache, tokens, 48, 0, record, NULL, &sr) == KVTIER_INVALID_ARGUMENT);
+  CHECK(strstr(kvtier_last_error(), "no state group") != NULL);
+  kvtier_cache_close(cache);
+  free(mem);
+  free(got);
+  printf("c_consumer: a state record stored and loaded beside its blocks\n");
+  return 0;
+}
+
 /* A malformed layout_yaml is refused before any connection, naming the YAML problem. */
 static int BadLayoutYaml(void) {
   kvtier_client_options o;
@@ -282,6 +342,7 @@ int main(int argc, char** argv) {
   CHECK(kvtier_api_version() == KVTIER_C_API_VERSION);
   CHECK(strlen(kvtier_version()) > 0);
   CHECK(BadLayoutYaml() == 0);
+  CHECK(StateRecords() == 0);
 
   /* A bad configuration is a code and a message naming the key; no handle comes back. */
   kvtier_cache* bad = (kvtier_cache*)1;
