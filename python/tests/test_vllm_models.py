@@ -165,6 +165,9 @@ def test_inprocess_host_then_new_process_from_ssd(family):
     st = f.stats("inproc")
     assert a["vllm_external_hits"] == 4 * KB, st["connector"]
     assert st["connector"]["load_blocks"] == 4 and st["connector"]["load_failed_blocks"] == 0
+    with open(f.dir / "inproc.scheduler.json") as fh:
+        planned = json.load(fh)["connector"]
+    assert planned["unrestorable_blocks"] == 0, planned  # every planned block was whole
     f.expect(a, turn1_resumed=False)
     _report(f, "inproc", st)
     b = f.conversation({"disk_path": f.disk}, run="ssd")

@@ -563,14 +563,14 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         pages, whole = load_pages(self._groups, block_ids, first, st.load_blocks,
                                   st.load_from_token)
         t = self._transfer(st, req_id, first, st.load_blocks, pages)
-        if st.state_keys is not None:  # the last block's state record follows the chain
-            t.keys += [_pair(k) for k in st.state_keys]
-            t.states = len(st.state_keys)
         t.from_token = st.load_from_token
         t.is_async = st.load_async
         if whole < len(t.keys):  # blocks kvtier cannot fully restore: loaded as failures
             self._counters.add(unrestorable_blocks=len(t.keys) - whole)
             t.restorable = whole
+        if st.state_keys is not None:  # the last block's state record follows the chain
+            t.keys += [_pair(k) for k in st.state_keys]
+            t.states = len(st.state_keys)
         return t
 
     def _transfer(self, st: _ReqState, req_id: str, first: int, end: int,
