@@ -46,7 +46,6 @@ import torch  # noqa: E402
 
 import kvtier  # noqa: E402
 from kvtier.bench.vllm_offline import tokens  # noqa: E402
-from kvtier.integrations.vllm_groups import state_keys  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "vllm_run.py")
@@ -210,7 +209,7 @@ def test_dropped_state_resumes_from_the_boundary_before(family):
     root = kvtier.Namespace(st["model_id"], st["model_revision"],
                             st["layout"]["fingerprint"]).root()
     block2 = kvtier.hash_prefix(root, KB, tokens(1, f.turn1)[:3 * KB])[2]
-    assert corrupt_key(f.disk, state_keys(block2, 1)[0]) >= 1
+    assert corrupt_key(f.disk, kvtier.state_keys(block2, 1)[0]) >= 1
     a = f.conversation({"disk_path": f.disk}, run="dropped")
     st = f.stats("dropped")
     assert st["connector"]["load_failed_blocks"] >= 1, st["connector"]

@@ -72,7 +72,7 @@ from kvtier.integrations.background import (  # noqa: E402
 from kvtier.integrations.paged import GroupedPaged  # noqa: E402
 from kvtier.integrations.planning import CostModel, whole_or_none  # noqa: E402
 from kvtier.integrations.vllm_groups import (  # noqa: E402
-    layout_from, load_pages, save_pages, state_keys, stored_report)
+    layout_from, load_pages, save_pages, stored_report)
 # The names tests and tools read from this module: re-exported.
 from kvtier.integrations.vllm_support import (  # noqa: E402,F401
     _CONNECTORS,
@@ -125,7 +125,7 @@ class _ReqState:
     plan_counts: tuple | None = None
     session: int = 0
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
-    # State groups: the state keys of the planned load's last block (vllm_groups.state_keys).
+    # State groups: the state keys of the planned load's last block (kvtier.state_keys).
     state_keys: list | None = None
 
 
@@ -170,7 +170,8 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         # several (or a sliding window, whose earlier pages vLLM no longer holds) a failed load
         # fails its request's load as a whole: asynchronous loads, reported in failed_recving.
         self._whole_request_failures = self._layout.grouped
-        self._has_state = any(g.kind == "state" for g in self._groups)
+        # Blocks of a state record (0: no state group); the scheduler and the worker read it.
+        self._state_blocks = self._layout.state_blocks
         # vLLM's reference CPU MLA backend (CPU_MLA: fp32, or no AMX) prefills without reading
         # KV it did not compute in that step, so vLLM turns prefix caching off for it; a load
         # would be ignored and the output wrong. kvtier then stores but never loads.
@@ -395,14 +396,14 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         self._counters.add(lookup_requests=1)
         first = num_computed_tokens // self._kb
         st.load_blocks, st.state_keys = 0, None
-        if self._has_state and hit_blocks * self._kb > num_computed_tokens:
+        if self._state_blocks and hit_blocks * self._kb > num_computed_tokens:
             hit, hit_blocks = self._resume_point(st, hit, first)
         if hit_blocks * self._kb <= num_computed_tokens:
             hit.release()
             return 0, False
         tiers = [self._tier_of(src) for src in hit.source[first:hit_blocks]]
         d = self._cost.decide(len(tokens), first, tiers)
-        if self._has_state:  # no state inside the hit: all of it or none
+        if self._state_blocks:  # no state inside the hit: all of it or none
             d = whole_or_none(d, len(tiers))
         declined = [0] * (max(hit.source[first:hit_blocks]) + 1)
         by_tier: dict[str, int] = {}
@@ -433,9 +434,9 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         pinned, replaces hit. Returns (lookup, chain blocks), or (hit, 0) when there is none."""
         n = hit.hit_blocks
         hit.release()
-        m = self._layout.state_blocks
+        m = self._state_blocks
         for j in range(n - 1, max(first, n - MAX_RESUME_PROBES) - 1, -1):
-            keys = state_keys(st.keys[j], m)
+            keys = kvtier.state_keys(st.keys[j], m)
             probe = self._cache.lookup_keys(keys[:1], tenant=st.tenant, lora_id=st.lora_id)
             found = probe.hit_blocks == 1
             probe.release()
@@ -518,11 +519,11 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                                                    full)
                 if end > st.saved_blocks:
                     t = self._transfer(st, req_id, st.saved_blocks, end, pages)
-                    m = self._layout.state_blocks
-                    t.resume = [(i - st.saved_blocks,
-                                 [_pair(k) for k in state_keys(st.keys[i], m)])
-                                for i in resumable]
-                    self._counters.add(save_state_records=len(t.resume))
+                    if resumable:
+                        t.resume = [(i - st.saved_blocks, [
+                            _pair(k) for k in kvtier.state_keys(st.keys[i], self._state_blocks)])
+                            for i in resumable]
+                        self._counters.add(save_state_records=len(t.resume))
                     if self._cache.wants_engine_hashes:
                         t.engine = self._engine_hashes(request, st.saved_blocks, end)
                     meta.saves.append(t)

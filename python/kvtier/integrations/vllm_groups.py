@@ -7,8 +7,8 @@ at its block's end, and only where vLLM kept one). kvtier stores one block per `
 tokens holding, group after group, what a resume at the block's end needs (doc/layout.md): every
 page of a full or MLA group, the last pages of a sliding-window group (those holding window - 1
 tokens). State groups are not in the block: where vLLM kept every state group's state at a block's
-end, the states form the block's state record, stored under its state keys (state_keys), which a
-lookup probes; a block without one is no place to resume. A dense model keeps the ungrouped
+end, the states form the block's state record, stored under its state keys (kvtier.state_keys),
+which a lookup probes; a block without one is no place to resume. A dense model keeps the ungrouped
 layout of earlier releases (same keys); an MLA-only model the ungrouped MLA layout.
 No vLLM import: the specs are read by their class names and fields.
 """
@@ -24,10 +24,6 @@ from kvtier.integrations.paged import DTYPES
 SPEC_KINDS = {"FullAttentionSpec": "full", "MLAAttentionSpec": "latent",
               "SlidingWindowSpec": "sliding_window", "MambaSpec": "state"}
 NULL_PAGE = 0  # vLLM's null block: a page a group does not hold
-def state_keys(key: kvtier.BlockKey, n: int) -> list:
-    """The keys block `key`'s state record is stored under (n = layout.state_blocks; doc/
-    layout.md, "State records"); a lookup finds a place to resume by probing the first."""
-    return kvtier.state_keys(key, n)
 
 
 @dataclass
@@ -39,17 +35,14 @@ class Group:
     keep: int  # of them, the last `keep` are stored
 
 
-def _state_group(spec, names: list[str], kb: int, index: int) -> tuple[Group, kvtier.KvLayoutGroup]:
+def _state_group(spec, names: list[str], kb: int, page: int,
+                 index: int) -> tuple[Group, kvtier.KvLayoutGroup]:
     mode = str(getattr(spec, "mamba_cache_mode", "none"))
     if mode != "align":
         raise ValueError(f"kvtier connector: KV-cache group {index} is Mamba / linear-attention "
                          f"state in vLLM's mamba_cache_mode '{mode}', which keeps no state at "
                          "block boundaries; kvtier needs 'align' (turn prefix caching on, or pass "
                          "--mamba-cache-mode align)")
-    page = int(spec.block_size)
-    if kb % page != 0:
-        raise ValueError(f"kvtier connector: block_tokens {kb} is not a multiple of group "
-                         f"{index}'s block size {page} (vLLM's scheduler block for this model)")
     # One layer's state: its tensors (conv, SSM), unpadded, as vLLM lays them in a page.
     nbytes = sum(math.prod(shape) * dt.itemsize for shape, dt in zip(spec.shapes, spec.dtypes))
     g = kvtier.KvLayoutGroup("state", len(names), 0, 0, "fp32", state_bytes=nbytes)
@@ -63,8 +56,12 @@ def _group_of(spec, names: list[str], kb: int, index: int) -> tuple[Group, kvtie
         raise ValueError(f"kvtier connector: KV-cache group {index} is {cls}, which kvtier does "
                          "not store (supported: full attention, MLA, sliding window, Mamba / "
                          "linear-attention state)")
+    page = int(spec.block_size)
+    if kb % page != 0:
+        raise ValueError(f"kvtier connector: block_tokens {kb} is not a multiple of group "
+                         f"{index}'s block size {page}")
     if kind == "state":
-        return _state_group(spec, names, kb, index)
+        return _state_group(spec, names, kb, page, index)
     if kind == "full" and getattr(spec, "sliding_window", None):
         kind = "sliding_window"
     dtype = DTYPES.get(spec.dtype)
@@ -72,10 +69,6 @@ def _group_of(spec, names: list[str], kb: int, index: int) -> tuple[Group, kvtie
         raise ValueError(f"kvtier connector: KV-cache group {index} ({cls}) has KV dtype "
                          f"{spec.dtype} / {getattr(spec, 'cache_dtype_str', '')}; kvtier "
                          "stores fp32, fp16 and bf16 caches")
-    page = int(spec.block_size)
-    if kb % page != 0:
-        raise ValueError(f"kvtier connector: block_tokens {kb} is not a multiple of group "
-                         f"{index}'s block size {page}")
     heads = 1 if kind == "latent" else int(spec.num_kv_heads)
     window = int(spec.sliding_window) if kind == "sliding_window" else 0
     g = kvtier.KvLayoutGroup(kind, len(names), heads, int(spec.head_size), dtype, window=window,
@@ -175,5 +168,4 @@ def stored_report(layout: kvtier.KvLayout, groups: list[Group]) -> dict:
     return {"layout": repr(layout), "fingerprint": layout.fingerprint,
             "block_bytes": layout.bytes_per_block,
             "full_block_bytes": layout.full_bytes_per_block, "groups": per_group,
-            "state_bytes": layout.state_bytes if layout.grouped else 0,
-            "state_blocks": layout.state_blocks if layout.grouped else 0}
+            "state_bytes": layout.state_bytes, "state_blocks": layout.state_blocks}

@@ -52,7 +52,7 @@ class _Transfer:
     # token_ids, lora_name), so kvtier announces the blocks as vLLM names them.
     engine: list | None = None
     # Saves of a model with state groups: (i, state keys) per block keys[i] that holds every
-    # state at its end: its state record is stored under them (vllm_groups.state_keys).
+    # state at its end: its state record is stored under them (kvtier.state_keys).
     resume: list = field(default_factory=list)
     # Loads of such a model: the last `states` keys are the last block's state record.
     states: int = 0

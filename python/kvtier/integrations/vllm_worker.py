@@ -90,7 +90,7 @@ class WorkerHalf:
         n = len(t.keys) - t.states
         out = _LoadOutcome()
         t0 = time.perf_counter()
-        # Host hits go through reused buffers of LOAD_CHUNK_BYTES, chunk after chunk: a buffer
+        # Host hits go through one reused buffer of LOAD_CHUNK_BYTES, chunk after chunk: a buffer
         # as long as the hit would be gigabytes for a long prefix, and each first touch of fresh
         # pages faults (measured: a first 3456-token load 120-270 ms slower than the next). Hits
         # from below stay one call: one batch for the tier. (Two threads copying the chunks of a
@@ -228,7 +228,7 @@ class WorkerHalf:
         # may reuse its pages, and the saver stores the copies while vLLM computes on. State
         # records (t.resume: where vLLM kept every state) follow the blocks in the same buffer.
         n = sum(len(t.keys) for t in meta.saves)
-        m = self._layout.state_blocks if self._layout.grouped else 0
+        m = self._state_blocks
         r = sum(len(t.resume) for t in meta.saves)
         buf = self._staging.take(n + r * m)
         staging = buf[:n]
