@@ -15,7 +15,8 @@
 //
 // Thread-safety: every method may be called from any thread. done runs on the thread that
 // stored the batch (the store thread, a waiter in WaitFor, or the destructor), never under a
-// lock of the AsyncStore; it may Submit again.
+// lock of the AsyncStore; it may Submit again. On the store thread it runs at the normal
+// policy, not SCHED_IDLE, where the thread may switch (root, or an RLIMIT_NICE that allows it).
 #ifndef KVTIER_ASYNC_STORE_H_
 #define KVTIER_ASYNC_STORE_H_
 

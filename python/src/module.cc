@@ -351,7 +351,16 @@ void BindKvCacheWrites(nb::class_<KvCache>& cls) {
           "blocks_by_tier"_a,
           "The engine recomputed blocks_by_tier[t] hit blocks of tier t rather than load them "
           "(counted as each tier's declined_blocks).")
-      .def("stats", [](const KvCache& c) { return StatsDict(c.stats()); });
+      .def("stats", [](const KvCache& c) {
+        // Without the GIL: a remote tier's usage is a round trip now and then, and an engine's
+        // step must not wait on it (its stats are written from a background thread).
+        CacheStats s;
+        {
+          nb::gil_scoped_release release;
+          s = c.stats();
+        }
+        return StatsDict(s);
+      });
 }
 
 void RegisterKvCache(nb::module_& m) {

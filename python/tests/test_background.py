@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import kvtier
-from kvtier.integrations.background import StagingPool, check_nice, runs_idle, saver_for
+from kvtier.integrations.background import (StagingPool, background_cpus, check_nice,
+                                            openmp_cpus, parse_cpus, runs_idle, saver_for,
+                                            starting_on)
 
 
 def small_layout():
@@ -214,3 +216,61 @@ def test_staging_pool_reuses_buffers_by_identity_across_sizes():
         pool.give(make(n))
     assert pool.idle() == StagingPool.KEEP
     assert pool.take(1).shape[0] == 30  # the smallest kept: the two smallest were let go
+
+
+def test_openmp_binding_is_read_from_each_runtimes_variables():
+    # The forms vLLM's CPU process manager writes for Intel's, GNU's and the standard runtime.
+    assert openmp_cpus({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[0,1,5]"}) == {0, 1, 5}
+    assert openmp_cpus({"GOMP_CPU_AFFINITY": "0 1 2"}) == {0, 1, 2}
+    assert openmp_cpus({"OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}) == {0, 1, 2}
+    assert openmp_cpus({"OMP_PLACES": "{0:4:2}", "OMP_PROC_BIND": "close"}) == {0, 2, 4, 6}
+    # Places without binding, abstract places and nothing at all: not bound to a list.
+    assert openmp_cpus({"OMP_PLACES": "{0}", "OMP_PROC_BIND": "false"}) is None
+    assert openmp_cpus({"OMP_PLACES": "cores", "OMP_PROC_BIND": "true"}) is None
+    assert openmp_cpus({}) is None
+
+
+def test_background_cpus_are_the_launch_cpus_outside_openmps():
+    launch = os.sched_getaffinity(os.getppid())
+    if len(launch) < 2:
+        pytest.skip("one CPU: nothing is left outside OpenMP's")
+    first = min(launch)
+    assert background_cpus("auto", {"OMP_PLACES": f"{{{first}}}",
+                                    "OMP_PROC_BIND": "true"}) == launch - {first}
+    assert background_cpus("auto", {}) is None  # unbound: threads stay where they start
+    assert background_cpus("auto", {"GOMP_CPU_AFFINITY": " ".join(map(str, launch))}) is None
+    assert background_cpus("inherit") is None and background_cpus(None) is None
+    assert background_cpus(f"{first}") == {first} == background_cpus([first])
+
+
+def test_background_cpus_refuse_what_they_cannot_use():
+    with pytest.raises(ValueError, match="cannot read 'x'"):
+        background_cpus("1,x")
+    with pytest.raises(ValueError, match="runs backwards"):
+        parse_cpus("3-1")
+    with pytest.raises(ValueError, match="no CPU 4096"):
+        background_cpus("4096")
+    with pytest.raises(ValueError, match="want"):
+        background_cpus(1.5)
+
+
+def test_threads_started_inside_starting_on_inherit_its_cpus(cache):
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        pytest.skip("one CPU: no other set to move to")
+    target = {max(cpus)}
+    seen = []
+    with starting_on(target):
+        t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        t.start()
+        saver = kvtier.AsyncStore(cache, nice=None)  # the library's C++ thread
+    t.join()
+    assert seen == [target]
+    assert os.sched_getaffinity(0) == cpus  # the caller is back where it was
+    try:
+        saver.submit([(chain(cache, 0, 1), blocks(cache, 1, 0), 0, "", "")])
+        assert saver.wait_idle(10)  # the thread has run: its id is known
+        assert saver.thread_id > 0
+        assert os.sched_getaffinity(saver.thread_id) == target
+    finally:
+        saver.close()

@@ -103,7 +103,7 @@ def env(tmp_path_factory):
 
 
 def run(env, name, phases, **kvtier_extra):
-    extra = None
+    extra, cpu0 = None, kvtier_extra.pop("cpu0", False)
     if kvtier_extra.pop("connector", True):
         # Every GET in flight at once: a 20 ms link pays its round trip once per load, not once
         # per block (the tier's default window suits a LAN; doc/remote.md).
@@ -113,9 +113,11 @@ def run(env, name, phases, **kvtier_extra):
         extra.update(kvtier_extra)
     spec = {"model": env["model"], "prefix_caching": True, "kvtier": extra, "phases": phases}
     cmd, env_vars = [sys.executable, RUNNER, json.dumps(spec)], dict(os.environ)
-    if kvtier_extra.pop("cpu0", False):
-        cmd = ["taskset", "-c", "0", *cmd]
-        env_vars["VLLM_CPU_OMP_THREADS_BIND"] = "0"
+    if cpu0:
+        # vLLM's OpenMP threads bound to CPU 0 and CPU 1 left free, as vLLM's CPU workers bind
+        # them (its process manager sets these; with one process, "uni", nothing does): torch
+        # binds the main thread there, and every thread started after inherits it.
+        env_vars.update(OMP_NUM_THREADS="1", OMP_PLACES="{0}", OMP_PROC_BIND="true")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=HERE, env=env_vars)
     log = p.stdout + p.stderr
     assert p.returncode == 0, f"{name} exited {p.returncode}:\n{log[-6000:]}"
@@ -202,17 +204,29 @@ def test_async_load_does_not_stall_decode(env):
         # The remote tier's default GET window here: one block per round trip, a long load.
         res[mode] = run(env, f"itl-{mode}", [{"prompts": ITL_WARMUP}, {"itl": ITL}],
                         planner="always-load",
-                        async_load=mode, url=url, cpu0=split, remote_get_window=1)["itl"]
-    ratio = {m: r["itl_during_mean_s"] / r["itl_before_p50_s"] for m, r in res.items()}
-    SUMMARY["itl"] = {m: {"before_p50_ms": round(r["itl_before_p50_s"] * 1e3, 2),
+                        async_load=mode, url=url, cpu0=split, remote_get_window=1)
+        # A's lookup asks the slow tier; with B running it went to the lookup thread.
+        assert res[mode]["counters"].get("async_lookups", 0) >= 1, res[mode]["counters"]
+        res[mode] = res[mode]["itl"]
+    # Mean over mean: a stall counts at its length on both sides.
+    ratio = {m: r["itl_during_mean_s"] / r["itl_alone_mean_s"] for m, r in res.items()}
+    SUMMARY["itl"] = {m: {"alone_mean_ms": round(r["itl_alone_mean_s"] * 1e3, 2),
+                          "alone_p50_ms": round(r["itl_alone_p50_s"] * 1e3, 2),
+                          "alone_steps": r["itl_alone_n"],
                           "during_mean_ms": round(r["itl_during_mean_s"] * 1e3, 2),
+                          "during_p50_ms": round(r["itl_during_p50_s"] * 1e3, 2),
+                          "during_top_ms": [round(g * 1e3, 1)
+                                            for g in sorted(r["itl_during"])[-3:]],
                           "ratio": round(ratio[m], 3), "a_wait_ms": round(r["a_wait_s"] * 1e3, 1),
                           "steps_during": len(r["itl_during"]),
-                          "loader_cpu_ms": round((r["loader_cpu_s"] or 0) * 1e3, 1)}
+                          "loader_cpu_ms": round((r["loader_cpu_s"] or 0) * 1e3, 1),
+                          "loader_cpus": r["loader_cpus"], "engine_cpus": r["main_cpus"],
+                          "hook_max_ms": {k: round(v * 1e3, 1)
+                                          for k, v in r["hook_max_s"].items() if v > 2e-3}}
                       for m, r in res.items()}
     print("\n" + json.dumps(SUMMARY["itl"]))
     SUMMARY["itl"]["cpus_split"] = split
     assert ratio["never"] > 5, "the synchronous load should have stalled B (is the tier slow?)"
     # A load that stalled the batch would show as in "never"; what is left is the load's own
     # CPU and memory traffic on the engine's core (doc/vllm.md).
-    assert ratio["always"] <= 1.5, f"B's decode slowed {ratio['always']:.3f}x during A's load"
+    assert ratio["always"] <= 1.3, f"B's decode slowed {ratio['always']:.3f}x during A's load"

@@ -15,6 +15,7 @@ SPEC_JSON is vllm_run.py's (model, prefix_caching, kvtier) plus `phases`, a list
 """
 
 import json
+import os
 import statistics
 import sys
 import threading
@@ -68,7 +69,7 @@ def itl(llm, spec: dict) -> dict:
     eng.add_request("B", TokensPrompt(prompt_token_ids=tokens(spec["b_seed"], spec["b_tokens"])),
                     params(spec["b_out"]))
     stamps: list[float] = []
-    a_added = a_first = None
+    a_added = a_first = a_done = None
     n_b = 0
     while eng.has_unfinished_requests():
         outs = eng.step()
@@ -80,19 +81,34 @@ def itl(llm, spec: dict) -> dict:
                 n_b = k
             if o.request_id == "A" and k and a_first is None:
                 a_first = now
+            if o.request_id == "A" and o.finished:
+                a_done = now
         if a_added is None and n_b >= spec["a_after"]:
             a = tokens(spec["a_seed"], spec["a_tokens"])
+            hooks = sys.modules.get("kvtier.integrations.vllm")
+            if hooks is not None:
+                hooks.HOOK_MAX_SECONDS.clear()
             eng.add_request("A", TokensPrompt(prompt_token_ids=a), params(2))
             a_added = time.perf_counter()
     loader = [t for t in threading.enumerate() if t.name == "kvtier-load"]
     loader_cpu = (time.clock_gettime(time.pthread_getcpuclockid(loader[0].ident))
                   if loader else None)
+    loader_cpus = sorted(os.sched_getaffinity(loader[0].native_id)) if loader else None
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     before = [g for g, t in zip(gaps, stamps[1:]) if t <= a_added]
     during = [g for g, t in zip(gaps, stamps[1:]) if a_added < t <= a_first]
-    return {"itl_before_p50_s": statistics.median(before), "itl_during": during,
+    # B alone: before A came and after A was done (more steps than before alone: steadier).
+    alone = before + [g for g, t in zip(gaps, stamps) if a_done is not None and t > a_done]
+    return {"itl_before_p50_s": statistics.median(before),
+            "itl_alone_mean_s": statistics.fmean(alone), "itl_alone_p50_s": statistics.median(alone),
+            "itl_alone_n": len(alone),
+            "itl_during_p50_s": statistics.median(during) if during else None,
+            "itl_during": during,
             "itl_during_mean_s": statistics.fmean(during) if during else None,
-            "a_wait_s": a_first - a_added, "b_tokens": n_b, "loader_cpu_s": loader_cpu}
+            "a_wait_s": a_first - a_added, "b_tokens": n_b, "loader_cpu_s": loader_cpu,
+            "loader_cpus": loader_cpus, "main_cpus": sorted(os.sched_getaffinity(0)),
+            "hook_max_s": dict(getattr(sys.modules.get("kvtier.integrations.vllm"),
+                                       "HOOK_MAX_SECONDS", {}))}
 
 
 def main(spec: dict) -> dict:

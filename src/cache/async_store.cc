@@ -205,7 +205,16 @@ class AsyncStore::Impl {
     }
     std::vector<BlockKey> keys;
     for (const StoreJob& j : item.batch) keys.insert(keys.end(), j.keys.begin(), j.keys.end());
-    if (item.done) item.done(results);
+    if (item.done) {
+      // A callback may take a lock the engine's thread waits on (Python's GIL): at SCHED_IDLE
+      // on a busy CPU it would hold it until that CPU had nothing else to run (measured: vLLM's
+      // step held 36-68 ms). It runs at the normal policy where the thread may switch back.
+      const bool lift = !by_waiter && options_.priority == AsyncStoreOptions::Priority::kIdle;
+      sched_param p{};
+      const bool lifted = lift && pthread_setschedparam(pthread_self(), SCHED_OTHER, &p) == 0;
+      item.done(results);
+      if (lifted) (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+    }
     item = Item{};  // the caller's captures go before a waiter sees the batch done
     MutexLock lock(&mu_);
     for (const BlockKey& k : keys) {

@@ -16,10 +16,12 @@ Thread-safety: every function and method may be called from any thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import re
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import kvtier
 
@@ -73,6 +75,125 @@ def lower_priority(nice: Nice, log: logging.Logger = logger) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, int(nice))
     except OSError as e:
         log.info("kvtier: cannot lower the background thread's priority to %s (%s)", nice, e)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """CPU ids of a list like "0,2-4" or "0 1 2" (ValueError naming what it cannot read)."""
+    cpus: set[int] = set()
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if m is None:
+            raise ValueError(f"CPU list {text!r}: cannot read {part!r} (want e.g. \"2,3\" or "
+                             "\"2-5\")")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise ValueError(f"CPU list {text!r}: range {part!r} runs backwards")
+        cpus.update(range(lo, hi + 1))
+    return cpus
+
+
+def openmp_cpus(env=None) -> set[int] | None:
+    """The CPUs the process's OpenMP threads are bound to, read from the variables an OpenMP
+    runtime binds by (vLLM's CPU workers set them: KMP_AFFINITY's proclist for Intel's runtime,
+    GOMP_CPU_AFFINITY for GNU's, else OMP_PLACES with OMP_PROC_BIND); None when unbound."""
+    env = os.environ if env is None else env
+    m = re.search(r"proclist=\[([^\]]*)\]", env.get("KMP_AFFINITY", ""))
+    if m:
+        return parse_cpus(m.group(1)) or None
+    if env.get("GOMP_CPU_AFFINITY", "").strip():
+        return parse_cpus(env["GOMP_CPU_AFFINITY"]) or None
+    places, bind = env.get("OMP_PLACES", ""), env.get("OMP_PROC_BIND", "").lower()
+    if places.strip() and bind not in ("", "false"):
+        # Explicit places only ("{0,1},{2:2}", interval "{a:n}" or "{a:n:s}"); abstract names
+        # (cores, threads) bind to no list a process can read here.
+        cpus: set[int] = set()
+        for place in re.findall(r"\{([^}]*)\}", places):
+            for item in place.split(","):
+                f = [int(x) for x in item.split(":")] if item.strip() else []
+                if len(f) == 1:
+                    cpus.add(f[0])
+                elif len(f) in (2, 3):
+                    cpus.update(range(f[0], f[0] + f[1] * (f[2] if len(f) == 3 else 1),
+                                      f[2] if len(f) == 3 else 1))
+        return cpus or None
+    return None
+
+
+def _launch_cpus() -> set[int]:
+    """The CPUs this process was started on: its parent's affinity (an OpenMP runtime has since
+    bound this process's main thread, and every thread it starts inherits that), else every
+    CPU online."""
+    for pid in (os.getppid(), 0):
+        try:
+            cpus = os.sched_getaffinity(pid)
+        except OSError:
+            continue
+        if pid or cpus:
+            return set(cpus)
+    return set(range(os.cpu_count() or 1))
+
+
+def background_cpus(spec, env=None, engine_cpus: set[int] = frozenset()) -> set[int] | None:
+    """The CPUs an engine connector's background threads (its loader, its saver and the cache's
+    own threads) run on; None: wherever the thread that starts them may run.
+    "auto": where the engine binds its OpenMP threads (openmp_cpus), the CPUs the process was
+    started on outside them (vLLM's CPU build reserves such CPUs for the scheduler and for
+    connectors), None when there are none or nothing is bound; engine_cpus: more CPUs to keep
+    off (other ranks' OpenMP threads, where the engine says). "inherit" or None: None. A list
+    ("2,3", "4-7", or a list of ints): those CPUs. ValueError naming the value otherwise."""
+    if spec is None or spec == "inherit":
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    if spec == "auto":
+        bound = openmp_cpus(env)
+        if not bound:
+            return None
+        return (_launch_cpus() - bound - set(engine_cpus)) or None
+    if isinstance(spec, (list, tuple)):
+        if not all(isinstance(c, int) and c >= 0 for c in spec):
+            raise ValueError(f"CPU list {spec!r}: want CPU numbers")
+        cpus = set(spec)
+    elif isinstance(spec, str):
+        cpus = parse_cpus(spec)
+    else:
+        raise ValueError(f"{spec!r}: want \"auto\", \"inherit\" or a CPU list like \"2,3\"")
+    if not cpus:
+        raise ValueError(f"CPU list {spec!r} is empty")
+    online = _launch_cpus() | set(range(os.cpu_count() or 1))
+    if not cpus <= online:
+        raise ValueError(f"CPU list {spec!r}: no CPU {sorted(cpus - online)[0]} here (CPUs "
+                         f"0-{(os.cpu_count() or 1) - 1})")
+    return cpus
+
+
+def pin_thread(cpus: set[int] | None, log: logging.Logger = logger) -> None:
+    """Moves the calling thread onto cpus (Linux: per thread); never fatal."""
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as e:
+            log.info("kvtier: cannot move a background thread to CPUs %s (%s)", sorted(cpus), e)
+
+
+@contextlib.contextmanager
+def starting_on(cpus: set[int] | None) -> Iterator[None]:
+    """Threads started inside (the library's own, in C++ too) inherit cpus: the calling thread
+    is moved there for the duration and back after."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin_thread(cpus)
+    try:
+        yield
+    finally:
+        try:
+            os.sched_setaffinity(0, before)
+        except OSError:
+            pass
 
 
 def runs_idle(tid: int) -> bool:

@@ -19,6 +19,7 @@ to a hang.
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.metadata
 import json
 import os
@@ -65,8 +66,12 @@ from kvtier import backends  # noqa: E402
 from kvtier.backends import model_fingerprint  # noqa: E402
 from kvtier.integrations.background import (  # noqa: E402
     StagingPool,
+    background_cpus,
     check_nice,
+    parse_cpus,
+    pin_thread,
     saver_for,
+    starting_on,
     wait_saves,  # noqa: F401 (tests call it through this module)
 )
 from kvtier.integrations.paged import GroupedPaged  # noqa: E402
@@ -77,6 +82,7 @@ from kvtier.integrations.vllm_groups import (  # noqa: E402
 from kvtier.integrations.vllm_support import (  # noqa: E402,F401
     _CONNECTORS,
     HOOK_CALLS,
+    HOOK_MAX_SECONDS,
     HOOK_SECONDS,
     HOOK_SECONDS_BY_NAME,
     KvtierConnectorMetadata,
@@ -127,6 +133,10 @@ class _ReqState:
     saved_blocks: int = 0  # kvtier blocks known to be in kvtier (hit or stored)
     # State groups: the state keys of the planned load's last block (kvtier.state_keys).
     state_keys: list | None = None
+    # An asynchronous lookup in flight (a Future of the lookup) and the blocks it covers.
+    lookup: Any = None
+    lookup_blocks: int = 0
+    scheduled: bool = False  # vLLM has allocated its blocks once (it ran, or runs)
 
 
 # A lookup of a model with state groups probes state keys back from its hit's end this far:
@@ -142,7 +152,8 @@ def _pair(key) -> tuple[int, int]:
 _open_failures: set[str] = set()  # configs whose cache could not be opened (warned once)
 # Keys the connector reads itself; the rest is the cache's config (backends.py).
 _CONNECTOR_ONLY_KEYS = ("stats_path", "block_tokens", "saver_nice", "planner", "cost_profile",
-                        "cost_profile_out", "async_load", "loader_nice")
+                        "cost_profile_out", "async_load", "loader_nice",
+                        "background_cpus", "async_lookup")
 
 
 class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
@@ -218,9 +229,22 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
             self._nice = check_nice(extra.get("saver_nice", "idle"))
         except ValueError as e:
             raise ValueError(f"kvtier connector: saver_nice: {e}") from None
+        try:
+            # Every rank's OpenMP CPUs where they are given (one list per rank, "|" between).
+            omp_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+            ranks = set() if omp_bind in ("auto", "nobind", "") else {
+                c for part in omp_bind.split("|") for c in parse_cpus(part)}
+            self._cpus = background_cpus(extra.get("background_cpus", "auto"),
+                                         engine_cpus=ranks)
+        except ValueError as e:
+            raise ValueError(f"kvtier connector: background_cpus: {e}") from None
         self._async_mode = str(extra.get("async_load", "auto"))
         if self._async_mode not in ASYNC_LOAD_MODES:
             raise ValueError(f"kvtier connector: async_load {self._async_mode!r} is not one of "
+                             f"{', '.join(ASYNC_LOAD_MODES)}")
+        lookup_mode = str(extra.get("async_lookup", "auto"))
+        if lookup_mode not in ASYNC_LOAD_MODES:
+            raise ValueError(f"kvtier connector: async_lookup {lookup_mode!r} is not one of "
                              f"{', '.join(ASYNC_LOAD_MODES)}")
         self._profile_out = extra.get("cost_profile_out")
         self._counters = _Counters()
@@ -232,8 +256,10 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         self._dump_lock = threading.Lock()
         _CONNECTORS.add(self)
         try:
-            self._cache = backends.shared_cache(self._config, self._layout)
-            self._saver = saver_for(self._cache, self._nice)
+            # The cache's threads and the saver's start on background_cpus (they inherit it).
+            with starting_on(self._cpus):
+                self._cache = backends.shared_cache(self._config, self._layout)
+                self._saver = saver_for(self._cache, self._nice)
             if isinstance(self._cache, kvtier.Client):
                 self._check_daemon(int(extra.get("connect_wait_ms", 1000)))
             self._tiers = self._tier_names()
@@ -253,8 +279,17 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
             if first:
                 logger.warning("kvtier: cannot open the cache (%s); every request is served by "
                                "recomputing", e)
-        # Scheduler half.
+        # Scheduler half. A lookup that may ask a shared tier (Redis: a round trip, maybe a
+        # slow one) runs on a thread of its own: vLLM asks again at its next step, the batch
+        # runs on meanwhile (vLLM's asynchronous lookups: the count is None until known).
+        self._lookups: concurrent.futures.ThreadPoolExecutor | None = None
+        if lookup_mode == "always" or (
+                lookup_mode == "auto" and any(kind == "remote" for _, kind in self._tiers)):
+            self._lookups = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="kvtier-lookup", initializer=pin_thread,
+                initargs=(self._cpus,))
         self._reqs: dict[str, _ReqState] = {}
+        self._scheduled = 0  # requests of _reqs that vLLM has scheduled
         self._step = 0
         self._step_shapes: dict[int, tuple[int, float]] = {}  # step -> (tokens, pairs)
         self._async_pending: list[str] = []  # async loads set up, not yet sent to the worker
@@ -267,7 +302,7 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
             loader_nice = check_nice(extra.get("loader_nice", 10))
         except ValueError as e:
             raise ValueError(f"kvtier connector: loader_nice: {e}") from None
-        self._loader = _Loader(self._load, loader_nice)
+        self._loader = _Loader(self._load, loader_nice, self._cpus)
         self._worker_meta = KvtierWorkerMetadata()
         self._step_t0 = 0.0
         self._step_sync_s = 0.0
@@ -313,7 +348,10 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
     def _dump_stats(self) -> None:
         """Asks for the stats file to be rewritten, on the stats thread (never on the step)."""
         if self._stats_path:
-            _stats_writer_for(self._nice).mark(self)
+            # Not at SCHED_IDLE: the writer runs Python, and holding the GIL there it held
+            # vLLM's step up until its CPU was idle (36-68 ms, measured).
+            _stats_writer_for(10 if self._nice == "idle" else self._nice,
+                              self._cpus).mark(self)
 
     def _write_stats(self) -> None:
         if not self._stats_path:
@@ -326,7 +364,9 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                "kvtier": self._cache.stats() if self._cache is not None else None,
                "model_id": self._config["model_id"],
                "model_revision": self._config["model_revision"], "vllm": VLLM_VERSION,
-               "layout": stored_report(self._layout, self._groups)}
+               "layout": stored_report(self._layout, self._groups),
+               "background_cpus": sorted(self._cpus) if self._cpus else None,
+               "loader_ran_on": self._loader.ran_on}
         if self._cost is not None and self._role == KVConnectorRole.SCHEDULER:
             doc["planner"] = {"mode": self._cost.mode, "prefill": self._cost.prefill_source,
                               "crossover_tokens": self._cost.crossovers()}
@@ -385,9 +425,26 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         if not self._saver.wait_for(want, self._save_wait_s):
             self._warn_once("save-wait", "kvtier: saves still running after "
                                          f"{self._save_wait_s}s; looking up without them")
+        keys = st.keys[:n_blocks]
         try:
-            hit = self._cache.lookup_keys(st.keys[:n_blocks], tenant=st.tenant,
-                                          lora_id=st.lora_id, session_id=st.session)
+            # With no other request scheduled, a lookup holds no one up: in place, no extra step.
+            if self._lookups is None or (self._scheduled - st.scheduled == 0
+                                         and st.lookup is None):
+                hit = self._cache.lookup_keys(keys, tenant=st.tenant, lora_id=st.lora_id,
+                                              session_id=st.session)
+            else:
+                if st.lookup is not None and st.lookup_blocks != n_blocks:
+                    self._drop_lookup(st)  # the prompt grew (preempted, resumed): look again
+                if st.lookup is None:
+                    st.lookup = self._lookups.submit(self._cache.lookup_keys, keys,
+                                                     tenant=st.tenant, lora_id=st.lora_id,
+                                                     session_id=st.session)
+                    st.lookup_blocks = n_blocks
+                    self._counters.add(async_lookups=1)
+                if not st.lookup.done():
+                    return None, False
+                future, st.lookup = st.lookup, None
+                hit = future.result()
         except kvtier.KvtierError as e:
             self._warn_once("lookup", f"kvtier: lookup failed ({e}); recomputing")
             return 0, False
@@ -463,12 +520,23 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
             st.hit.release()
             st.hit = None
 
+    @staticmethod
+    def _drop_lookup(st: _ReqState) -> None:
+        """Forgets st's lookup in flight; its pins are released once it is done."""
+        future, st.lookup = st.lookup, None
+        if future is not None:
+            future.add_done_callback(
+                lambda f: f.exception() is None and f.result().release())
+
     @_timed
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int):
         st = self._reqs.get(request.request_id)
         if st is None:
             return
+        if not st.scheduled:
+            st.scheduled = True
+            self._scheduled += 1
         self._sample_async_load(st)
         self._count_plan(st)
         st.load_pending = num_external_tokens > 0 and st.load_blocks > 0
@@ -637,6 +705,8 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
         if st is not None:
             self._sample_async_load(st)
             self._release(st)
+            self._drop_lookup(st)
+            self._scheduled -= st.scheduled
             if st.session:
                 self._notify_session(st.session, "thinking")
         self._dump_stats()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import queue
 import threading
 import time
@@ -19,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from kvtier.integrations.background import lower_priority, wait_saves
+from kvtier.integrations.background import lower_priority, pin_thread, wait_saves
 
 if TYPE_CHECKING:
     from kvtier.integrations.vllm import KvtierConnector
@@ -88,7 +89,7 @@ class _Counters:
                        "save_failed_blocks": 0, "errors": 0, "async_loads": 0,
                        "promised_missed_blocks": 0, "save_unreachable_blocks": 0,
                        "unrestorable_blocks": 0, "save_state_records": 0, "resume_probes": 0,
-                       "resume_missed": 0}
+                       "resume_missed": 0, "async_lookups": 0}
         # Per tier: tokens loaded, recomputed because the planner chose to, recomputed because
         # the load failed; per decision kind: how many requests.
         self.by_tier: dict[str, dict[str, int]] = {}
@@ -117,6 +118,7 @@ class _Counters:
 HOOK_SECONDS = [0.0]
 HOOK_SECONDS_BY_NAME: dict[str, float] = {}
 HOOK_CALLS: dict[str, int] = {}
+HOOK_MAX_SECONDS: dict[str, float] = {}  # one call's longest, per hook (a step it held up)
 
 
 def _timed(fn):
@@ -129,6 +131,8 @@ def _timed(fn):
             HOOK_SECONDS[0] += dt
             HOOK_SECONDS_BY_NAME[fn.__name__] = HOOK_SECONDS_BY_NAME.get(fn.__name__, 0.0) + dt
             HOOK_CALLS[fn.__name__] = HOOK_CALLS.get(fn.__name__, 0) + 1
+            if dt > HOOK_MAX_SECONDS.get(fn.__name__, 0.0):
+                HOOK_MAX_SECONDS[fn.__name__] = dt
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
@@ -143,10 +147,10 @@ class _StatsWriter:
 
     MIN_INTERVAL_S = 0.25
 
-    def __init__(self, nice: int | None):
+    def __init__(self, nice: int | None, cpus: set[int] | None = None):
         self._cond = threading.Condition()
         self._dirty: dict[int, "KvtierConnector"] = {}
-        self._thread = threading.Thread(target=self._run, args=(nice,),
+        self._thread = threading.Thread(target=self._run, args=(nice, cpus),
                                         name="kvtier-stats", daemon=True)
         self._thread.start()
         atexit.register(self.flush)
@@ -164,8 +168,9 @@ class _StatsWriter:
         for c in pending:
             c._write_stats()
 
-    def _run(self, nice) -> None:
+    def _run(self, nice, cpus) -> None:
         lower_priority(nice, logger)
+        pin_thread(cpus, logger)
         while True:
             with self._cond:
                 while not self._dirty:
@@ -183,11 +188,11 @@ _stats_writer: _StatsWriter | None = None
 _CONNECTORS: "weakref.WeakSet[KvtierConnector]" = weakref.WeakSet()
 
 
-def _stats_writer_for(nice: int | None) -> _StatsWriter:
+def _stats_writer_for(nice: int | None, cpus: set[int] | None = None) -> _StatsWriter:
     global _stats_writer
     with _lock:
         if _stats_writer is None:
-            _stats_writer = _StatsWriter(nice)
+            _stats_writer = _StatsWriter(nice, cpus)
         return _stats_writer
 
 
@@ -224,9 +229,11 @@ class _Loader:
     """The worker's loader thread: runs asynchronous loads one after another while vLLM's steps
     go on; finished ones are taken by get_finished on vLLM's thread."""
 
-    def __init__(self, run, nice):
+    def __init__(self, run, nice, cpus=None):
         self._run = run
         self._nice = nice
+        self._cpus = cpus
+        self.ran_on: list[int] | None = None  # the CPUs the thread may run on, once it runs
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Condition()
         self._done: list = []
@@ -248,6 +255,8 @@ class _Loader:
         # at full speed where they are idle. Not SCHED_IDLE like the saver: on busy cores the
         # load would wait for the whole batch (11-18 s, measured).
         lower_priority(self._nice, logger)
+        pin_thread(self._cpus, logger)
+        self.ran_on = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
         while True:
             t = self._queue.get()
             try:
