@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 /* The C API's own version: bumped on any incompatible change (the SONAME follows it). */
-#define KVTIER_C_API_VERSION 3
+#define KVTIER_C_API_VERSION 4
 
 typedef enum kvtier_code {
   KVTIER_OK = 0,
@@ -148,6 +148,17 @@ KVTIER_C_EXPORT kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup
  * INVALID_ARGUMENT when the range passes the hit blocks. */
 KVTIER_C_EXPORT kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup,
                                               uint32_t first, void* const* dst, size_t num_blocks,
+                                              uint32_t* loaded_blocks);
+/* Hit blocks [first, first + num_blocks) handed to visit(user, i, bytes, block_bytes) in order
+ * (i counts from first; bytes valid during the call only), for the engine to copy each block
+ * once into its own layout: an in-process cache lends the blocks its host tier holds, with no
+ * copy; other blocks (and a daemon's) are loaded into scratch[0..num_scratch) (block-sized
+ * buffers, at least one) first. *loaded_blocks as kvtier_load_range's. Since version 4. */
+typedef void (*kvtier_block_visitor)(void* user, uint32_t index, const void* bytes, size_t size);
+KVTIER_C_EXPORT kvtier_code kvtier_load_visit(kvtier_cache* cache, const kvtier_lookup* lookup,
+                                              uint32_t first, size_t num_blocks,
+                                              void* const* scratch, size_t num_scratch,
+                                              kvtier_block_visitor visit, void* user,
                                               uint32_t* loaded_blocks);
 
 /* State records (a layout with state groups: Mamba / linear attention; doc/layout.md "State

@@ -136,6 +136,10 @@ class Cache final : public KvCache {
   using KvCache::Load;
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                           std::span<const MutableBlock> dst) override;
+  // Blocks the first tier holds in this process's memory (a host tier) are lent in place.
+  Result<LoadResult> LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                               std::span<const MutableBlock> scratch,
+                               const BlockVisitor& visit) override;
   // The same blocks, landing one layer at a time (see LayerwiseLoad) from a thread of the
   // load's own: returns at once. The lookup's pins must be held, and dst kept, until the load
   // is finished or destroyed; the load must end before the Cache does. InvalidArgument as Load.

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -153,6 +154,18 @@ class KvCache {
   virtual Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                                   std::span<const MutableBlock> dst) = 0;
 
+  // Hands lookup's hit blocks [first, first + n) to visit(i, bytes), in order (i counts from
+  // first; bytes are valid during the call only), so an engine copies each block once, from
+  // where it lies into its own pages: a block the cache can read in place (the in-process host
+  // tier, kept by the lookup's pins) is lent with no copy, the others are loaded into scratch
+  // (whole blocks, at least one; up to scratch.size() per Load) first. Stops at the first block
+  // that does not load; loaded_blocks and block_status as Load's. InvalidArgument as Load's,
+  // and when scratch holds no block. This implementation lends nothing.
+  using BlockVisitor = std::function<void(uint32_t i, ConstBlock bytes)>;
+  virtual Result<LoadResult> LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                                       std::span<const MutableBlock> scratch,
+                                       const BlockVisitor& visit);
+
   // Stores blocks[i] as full block first_block + i of tokens. InvalidArgument when there are
   // more blocks than full blocks in tokens, or a buffer has the wrong size. One implementation
   // for every KvCache: the keys of Root(request), then StoreKeys.
@@ -186,6 +199,11 @@ class KvCache {
   // never waits behind a store that a low-priority thread is holding up. nullptr (the default):
   // calls here do not queue behind each other, share this one.
   virtual std::unique_ptr<KvCache> OpenStoreLane() const { return nullptr; }
+
+ protected:
+  // LoadVisit's argument checks (InvalidArgument naming what is wrong), for every implementation.
+  Status CheckVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                    std::span<const MutableBlock> scratch) const;
 };
 
 }  // namespace kvtier

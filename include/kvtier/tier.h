@@ -130,6 +130,12 @@ class Tier {
   Status GetSlice(std::span<const BlockKey> keys, uint64_t offset,
                   std::span<const MutableBlock> out, std::span<uint64_t> checksums,
                   std::span<Status> results);
+  // Reads blocks in place, with no copy, where the tier holds them in this process's memory:
+  // use(at) runs once, at[i] the bytes of keys[i] (block_bytes() long) or null when it is not
+  // resident; they stay valid and unchanged during the call only (the tier's writers wait).
+  // Counted as a Get of the blocks. False, and use is not called: the tier cannot lend.
+  using LendFn = std::function<void(std::span<const std::byte* const> at)>;
+  bool Lend(std::span<const BlockKey> keys, const LendFn& use);
   // out[i] = whether keys[i] is resident. Non-OK (Unavailable) when the tier cannot answer.
   Status Exists(std::span<const BlockKey> keys, std::span<bool> out);
 
@@ -160,6 +166,8 @@ class Tier {
                             std::span<const MutableBlock> out, std::span<uint64_t> checksums,
                             std::span<Status> results);
   virtual Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) = 0;
+  // Lend's: false for a tier whose blocks are not in this process's memory.
+  virtual bool LendImpl(std::span<const BlockKey> /*keys*/, const LendFn& /*use*/) { return false; }
   virtual Status EraseImpl(std::span<const BlockKey> keys) = 0;
   virtual uint64_t UsedBytesImpl() const = 0;
   virtual TierCapabilities CapabilitiesImpl() const = 0;

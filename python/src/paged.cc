@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "kvtier/kv_cache.h"
 #include "kvtier/layout.h"
 
 namespace nb = nanobind;
@@ -257,6 +258,49 @@ void CopyPage(const PagedGeometry& g, std::byte* blocks, uint64_t j, int64_t pag
   }
 }
 
+// kvtier.load_pages: the lookup's blocks straight into the engine's pages (KvCache::LoadVisit).
+LoadResult LoadPages(KvCache& cache, const LookupResult& lookup, uint32_t first, uint32_t count,
+                     nb::handle parts, nb::handle scratch) {
+  struct Part {
+    PagedGeometry g;
+    std::vector<int64_t> ids;
+  };
+  std::vector<Part> ps;
+  size_t n = 0;
+  for (nb::handle h : parts) {
+    nb::tuple t;
+    if (!nb::try_cast(h, t) || t.size() != 5)
+      RaiseInvalidArgument("load_pages: parts[" + std::to_string(n) +
+                           "]: want (layers, page_ids, page_tokens, kind, group)");
+    Part p;
+    p.g = Geometry<AnyArray>(t[0], cache.layout(), nb::cast<uint32_t>(t[2]),
+                             nb::cast<std::string>(t[3]), nb::cast<int>(t[4]), "load_pages");
+    p.ids = PageIds(t[1], "load_pages");
+    if (p.ids.size() != uint64_t{count} * p.g.ratio)
+      RaiseInvalidArgument("load_pages: parts[" + std::to_string(n) + "]: " +
+                           std::to_string(p.ids.size()) + " page ids for " + std::to_string(count) +
+                           " blocks of " + std::to_string(p.g.ratio) + " pages");
+    CheckPageIds(p.g, p.ids, true, "load_pages");
+    ps.push_back(std::move(p));
+    ++n;
+  }
+  auto buf = Blocks<AnyArray, MutableBlock>(scratch, cache.layout().bytes_per_block(),
+                                            "load_pages: scratch");
+  Result<LoadResult> r = Status::Internal("unset");
+  {
+    nb::gil_scoped_release release;
+    r = cache.LoadVisit(lookup, first, count, buf, [&ps](uint32_t i, ConstBlock block) {
+      auto* at = const_cast<std::byte*>(block.data());  // read only: engine <- block
+      for (const Part& p : ps)
+        for (uint32_t s = 0; s < p.g.ratio; ++s)
+          if (const int64_t page = p.ids[uint64_t{i} * p.g.ratio + s]; page >= 0)
+            CopyPage(p.g, at, s, page, false);
+    });
+  }
+  if (!r.ok()) RaiseStatus(r.status());
+  return std::move(r).value();
+}
+
 }  // namespace
 
 void RegisterLayout(nb::module_& m) {
@@ -411,6 +455,16 @@ void RegisterPaged(nb::module_& m) {
       "kept pages are i*ratio .. i*ratio+ratio-1) are written to engine pages page_ids, every "
       "layer of the group; a negative page id leaves that page unwritten. Sizes and page ids "
       "are validated first (ValueError). Releases the GIL while copying.");
+  m.def("load_pages", &LoadPages, "cache"_a, "lookup"_a, "first"_a, "count"_a, "parts"_a,
+        "scratch"_a,
+        "Loads the lookup's hit blocks first .. first + count - 1 straight into an engine's pages: "
+        "parts, one (layers, page_ids, page_tokens, kind, group) per group as scatter_pages takes "
+        "them, page_ids "
+        "holding count blocks' kept pages (negative: leave that page). Blocks the cache reads in "
+        "place (the in-process host tier) are copied once, into the pages; the others go through "
+        "scratch (whole blocks, at least one) first. Returns the LoadResult: loaded_blocks from "
+        "first, in order. Arguments are checked before anything is copied (ValueError). Releases "
+        "the GIL while copying.");
 }
 
 }  // namespace kvtier

@@ -267,3 +267,46 @@ def test_latent_pages_round_trip_one_latent_per_token():
         assert torch.equal(t[5], src[4]) and torch.equal(t[6], src[2])
     with pytest.raises(ValueError, match="'fused' holds K and V"):
         kvtier.gather_pages(layers, [4, 2], out, mla, P, "fused")
+
+
+@pytest.mark.parametrize("door", ["inprocess", "daemon"])
+def test_load_pages_writes_what_scatter_would_through_either_door(door, tmp_path):
+    # In process the host tier lends its blocks (one copy, into the pages); a daemon's client
+    # loads through scratch first. The pages must come out the same either way.
+    torch.manual_seed(4)
+    src_layers = [torch.randn(N, H, P, 2 * D) for _ in range(L)]
+    blocks = torch.empty(2, L, 2, 64, H, D)
+    kvtier.gather_pages(src_layers, list(range(8)), blocks, layout(), P)
+    daemon = None
+    if door == "inprocess":
+        cache = kvtier.open_cache(layout(), [kvtier.host_tier("4MiB")], model_id="m")
+    else:
+        from daemon import Daemon
+
+        daemon = Daemon(tmp_path, f"{{num_layers: {L}, num_kv_heads: {H}, head_dim: {D}, "
+                                  "dtype: fp32, block_tokens: 64}").start()
+        cache = kvtier.Client.connect(layout(), socket=daemon.socket, model_id="m")
+        assert cache.wait_connected(5000)
+    try:
+        tokens = list(range(2 * 64 + 1))
+        assert cache.store(tokens, blocks.numpy()).stored_blocks == 2
+        ids = [9, 8, -1, 6, 5, 4, 3, 2]  # -1: the engine's own page, left as it is
+        want = [torch.zeros_like(t) for t in src_layers]
+        kvtier.scatter_pages(blocks, want, ids, layout(), P)
+        got = [torch.zeros_like(t) for t in src_layers]
+        scratch = torch.empty(1, layout().bytes_per_block, dtype=torch.uint8)
+        with cache.lookup(tokens) as hit:
+            assert hit.hit_blocks == 2
+            r = kvtier.load_pages(cache, hit, 0, 2, [(got, ids, P, "fused", -1)], scratch)
+            assert r.loaded_blocks == 2
+            with pytest.raises(ValueError, match="page ids for 2 blocks"):
+                kvtier.load_pages(cache, hit, 0, 2, [(got, ids[:4], P, "fused", -1)], scratch)
+            with pytest.raises(ValueError, match="no scratch block"):
+                kvtier.load_pages(cache, hit, 0, 2, [(got, ids, P, "fused", -1)],
+                                  scratch[:0])
+        for w, g in zip(want, got):
+            assert torch.equal(w, g)
+        assert not got[0][7].any()  # the skipped page
+    finally:
+        if daemon is not None:
+            daemon.kill()

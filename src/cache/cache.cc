@@ -194,7 +194,8 @@ Status Cache::Impl::CheckLoad(const char* op, const LookupResult& lookup, uint32
 }
 
 Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
-                                     std::span<const MutableBlock> dst, bool promote_now) {
+                                     std::span<const MutableBlock> dst, bool promote_now,
+                                     bool count) {
   const uint64_t t0 = MonotonicNs();
   const uint64_t block_bytes = options_.layout.bytes_per_block();
   KVTIER_RETURN_IF_ERROR(CheckLoad("Load", lookup, first, dst));
@@ -270,11 +271,63 @@ Result<LoadResult> Cache::Impl::Load(const LookupResult& lookup, uint32_t first,
 
   while (r.loaded_blocks < n && done[r.loaded_blocks]) ++r.loaded_blocks;
   r.bytes = uint64_t{r.loaded_blocks} * block_bytes;
-  load_failed_blocks_.fetch_add(n - r.loaded_blocks, std::memory_order_relaxed);
 
   PromoteLoaded(std::span<const BlockKey>(lookup.keys).subspan(first, n),
                 std::span<const int8_t>(lookup.source).subspan(first, n), first, dst,
                 r.loaded_blocks, lookup.hit_tokens(), promote_now);
+  if (count) {
+    load_failed_blocks_.fetch_add(n - r.loaded_blocks, std::memory_order_relaxed);
+    loads_.fetch_add(1, std::memory_order_relaxed);
+    load_latency_.Record(MonotonicNs() - t0);
+  }
+  return r;
+}
+
+Result<LoadResult> Cache::Impl::LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                                          std::span<const MutableBlock> scratch,
+                                          const KvCache::BlockVisitor& visit) {
+  const uint64_t t0 = MonotonicNs();
+  const uint64_t bb = options_.layout.bytes_per_block();
+  LoadResult r;
+  r.block_status.assign(n, Status::Ok());
+  // Only the first tier lends: blocks from below are promoted into it from scratch (Load). A
+  // tier whose reads the cache verifies is copied, so the checksum is of the bytes delivered.
+  Tier* lender = !tiers_.empty() && !tiers_[0]->cache_verifies ? tiers_[0]->tier.get() : nullptr;
+  auto lent_here = [&](uint32_t i) { return lender && lookup.source[first + i] == 0; };
+  const uint32_t run_max = static_cast<uint32_t>(scratch.size());
+  uint32_t i = 0;
+  bool stop = false;
+  while (i < n && !stop) {
+    uint32_t j = i;
+    while (j < n && j - i < run_max && lent_here(j) == lent_here(i)) ++j;
+    if (lent_here(i)) {
+      const uint32_t run = j - i;
+      uint32_t lent = 0;
+      auto use = [&](std::span<const std::byte* const> at) {
+        for (; lent < at.size() && at[lent] != nullptr; ++lent)
+          visit(i + lent, ConstBlock(at[lent], bb));
+      };
+      if (!lender->Lend(std::span<const BlockKey>(lookup.keys).subspan(first + i, run), use)) {
+        lender = nullptr;  // the tier does not lend: copy from here on
+        continue;
+      }
+      i += lent;
+      if (lent == run) continue;
+      j = i + 1;  // block i left the tier since the lookup: Load finds it below, or fails it
+    }
+    auto part = Load(lookup, first + i, scratch.first(j - i), /*promote_now=*/false,
+                     /*count=*/false);
+    if (!part.ok()) return part.status();
+    for (uint32_t k = 0; k < j - i; ++k) r.block_status[i + k] = part->block_status[k];
+    for (uint32_t k = 0; k < part->loaded_blocks; ++k) visit(i + k, scratch[k]);
+    stop = part->loaded_blocks < j - i;
+    i += part->loaded_blocks;
+  }
+  r.loaded_blocks = i;
+  for (uint32_t k = i; k < n && r.block_status[k].ok(); ++k)
+    r.block_status[k] = Status::Unavailable("LoadVisit: stopped at block " + std::to_string(i));
+  r.bytes = uint64_t{i} * bb;
+  load_failed_blocks_.fetch_add(n - i, std::memory_order_relaxed);
   loads_.fetch_add(1, std::memory_order_relaxed);
   load_latency_.Record(MonotonicNs() - t0);
   return r;
@@ -383,6 +436,13 @@ Result<LookupResult> Cache::LookupKeys(std::span<const BlockKey> keys,
 Result<LoadResult> Cache::Load(const LookupResult& lookup, uint32_t first,
                                std::span<const MutableBlock> dst) {
   return impl_->Load(lookup, first, dst);
+}
+
+Result<LoadResult> Cache::LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                                    std::span<const MutableBlock> scratch,
+                                    const BlockVisitor& visit) {
+  KVTIER_RETURN_IF_ERROR(CheckVisit(lookup, first, n, scratch));
+  return impl_->LoadVisit(lookup, first, n, scratch, visit);
 }
 
 Result<std::unique_ptr<LayerwiseLoad>> Cache::LoadLayerwise(const LookupResult& lookup,

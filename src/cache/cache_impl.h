@@ -303,8 +303,13 @@ class Cache::Impl {
                                   std::vector<uint64_t>* checksums = nullptr);
   // promote_now: promotion runs in this thread before returning (the daemon's staging,
   // where the host copy is what the client reads), else in the background when async.
+  // count: the call counts as a load in the cache's stats (LoadVisit's inner loads do not).
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
-                          std::span<const MutableBlock> dst, bool promote_now = false);
+                          std::span<const MutableBlock> dst, bool promote_now = false,
+                          bool count = true);
+  Result<LoadResult> LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                               std::span<const MutableBlock> scratch,
+                               const KvCache::BlockVisitor& visit);
   // InvalidArgument (prefixed by op) unless blocks [first, first + dst.size()) are hits and
   // every buffer is one block long.
   Status CheckLoad(const char* op, const LookupResult& lookup, uint32_t first,

@@ -1,6 +1,7 @@
 // KvCache's token forms, once for every implementation (Cache in process, Client of a daemon).
 #include "kvtier/kv_cache.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,41 @@ Result<StoreResult> KvCache::Store(std::span<const TokenId> tokens,
   auto keys = KeysOf(tokens, first_block, blocks.size(), request);
   if (!keys.ok()) return keys.status();
   return StoreKeys(*keys, blocks, first_block, request);
+}
+
+Status KvCache::CheckVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                           std::span<const MutableBlock> scratch) const {
+  if (scratch.empty()) return Status::InvalidArgument("LoadVisit: no scratch block");
+  if (uint64_t{first} + n > lookup.hit_blocks)
+    return Status::InvalidArgument("LoadVisit: blocks " + std::to_string(first) + ".." +
+                                   std::to_string(uint64_t{first} + n) + " asked of a lookup of " +
+                                   std::to_string(lookup.hit_blocks) + " hit blocks");
+  const uint64_t bb = layout().bytes_per_block();
+  for (size_t i = 0; i < scratch.size(); ++i)
+    if (scratch[i].size() != bb)
+      return Status::InvalidArgument("LoadVisit: scratch block " + std::to_string(i) + " has " +
+                                     std::to_string(scratch[i].size()) + " bytes, a block has " +
+                                     std::to_string(bb));
+  return Status::Ok();
+}
+
+Result<LoadResult> KvCache::LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                                      std::span<const MutableBlock> scratch,
+                                      const BlockVisitor& visit) {
+  KVTIER_RETURN_IF_ERROR(CheckVisit(lookup, first, n, scratch));
+  LoadResult r;
+  r.block_status.assign(n, Status::Ok());
+  while (r.loaded_blocks < n) {
+    const uint32_t i = r.loaded_blocks;
+    const uint32_t k = static_cast<uint32_t>(std::min<uint64_t>(scratch.size(), n - i));
+    KVTIER_ASSIGN_OR_RETURN(LoadResult part, Load(lookup, first + i, scratch.first(k)));
+    for (uint32_t j = 0; j < k; ++j) r.block_status[i + j] = part.block_status[j];
+    for (uint32_t j = 0; j < part.loaded_blocks; ++j) visit(i + j, scratch[j]);
+    r.loaded_blocks += part.loaded_blocks;
+    r.bytes += part.bytes;
+    if (part.loaded_blocks < k) break;
+  }
+  return r;
 }
 
 }  // namespace kvtier

@@ -396,6 +396,34 @@ kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup, 
   });
 }
 
+kvtier_code kvtier_load_visit(kvtier_cache* cache, const kvtier_lookup* lookup, uint32_t first,
+                              size_t num_blocks, void* const* scratch, size_t num_scratch,
+                              kvtier_block_visitor visit, void* user, uint32_t* loaded_blocks) {
+  return Guard("kvtier_load_visit", [&] {
+    if (loaded_blocks != nullptr) *loaded_blocks = 0;
+    if (cache == nullptr || lookup == nullptr || visit == nullptr ||
+        (scratch == nullptr && num_scratch > 0))
+      return Fail(KVTIER_INVALID_ARGUMENT,
+                  "kvtier_load_visit: cache, lookup, visit or scratch is NULL");
+    if (num_blocks > UINT32_MAX)
+      return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load_visit: num_blocks past 2^32");
+    const size_t bytes = cache->impl->layout().bytes_per_block();
+    std::vector<kvtier::MutableBlock> spans(num_scratch);
+    for (size_t i = 0; i < num_scratch; ++i) {
+      if (scratch[i] == nullptr)
+        return Fail(KVTIER_INVALID_ARGUMENT,
+                    "kvtier_load_visit: scratch[" + std::to_string(i) + "] is NULL");
+      spans[i] = {static_cast<std::byte*>(scratch[i]), bytes};
+    }
+    auto r = cache->impl->LoadVisit(
+        lookup->result, first, static_cast<uint32_t>(num_blocks), spans,
+        [&](uint32_t i, kvtier::ConstBlock b) { visit(user, i, b.data(), b.size()); });
+    if (!r.ok()) return Report(r.status());
+    if (loaded_blocks != nullptr) *loaded_blocks = r->loaded_blocks;
+    return KVTIER_OK;
+  });
+}
+
 kvtier_code kvtier_store(kvtier_cache* cache, const uint32_t* tokens, size_t num_tokens,
                          const void* const* blocks, size_t num_blocks, uint32_t first_block,
                          const kvtier_request* request, kvtier_store_result* result) {

@@ -78,6 +78,22 @@ Status Tier::Get(std::span<const BlockKey> keys, std::span<const MutableBlock> o
   return Status::Ok();
 }
 
+bool Tier::Lend(std::span<const BlockKey> keys, const LendFn& use) {
+  const uint64_t t0 = MonotonicNs();
+  uint64_t hit = 0;
+  const bool lent = LendImpl(keys, [&](std::span<const std::byte* const> at) {
+    for (const std::byte* p : at) hit += p != nullptr;
+    use(at);
+  });
+  if (!lent) return false;
+  gets_.fetch_add(keys.size(), std::memory_order_relaxed);
+  hits_.fetch_add(hit, std::memory_order_relaxed);
+  misses_.fetch_add(keys.size() - hit, std::memory_order_relaxed);
+  get_bytes_.fetch_add(hit * block_bytes_, std::memory_order_relaxed);
+  get_latency_.Record(MonotonicNs() - t0);
+  return true;
+}
+
 Status Tier::GetSlice(std::span<const BlockKey> keys, uint64_t offset,
                       std::span<const MutableBlock> out, std::span<uint64_t> checksums,
                       std::span<Status> results) {

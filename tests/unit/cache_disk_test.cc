@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <vector>
@@ -98,6 +99,53 @@ void DiskCacheTest::StoreLookupLoad(uint32_t chunk) {
   ASSERT_EQ(st.tiers.size(), 2u);
   EXPECT_GE(st.tiers[1].hit_blocks, kBlocks - kHostBlocks);
   EXPECT_EQ(st.tiers[1].corruptions, 0u);
+
+  // LoadVisit: host blocks lent in place (their bytes are not in scratch), disk blocks read
+  // through scratch, every one in order and byte-exact.
+  std::vector<std::byte> scratch_bytes(3 * bb);
+  std::vector<MutableBlock> scratch;
+  for (int i = 0; i < 3; ++i) scratch.emplace_back(scratch_bytes.data() + i * bb, bb);
+  auto in_scratch = [&](const std::byte* p) {
+    return p >= scratch_bytes.data() && p < scratch_bytes.data() + scratch_bytes.size();
+  };
+  const uint64_t host_gets = cache.tier(0).stats().gets;
+  std::vector<uint32_t> order;
+  uint32_t lent = 0;
+  auto visited = cache.LoadVisit(*lookup, 1, kBlocks - 1, scratch, [&](uint32_t i, ConstBlock b) {
+    order.push_back(i);
+    const uint32_t block = 1 + i;
+    EXPECT_TRUE(std::equal(b.begin(), b.end(), data[block].begin())) << "block " << block;
+    EXPECT_EQ(in_scratch(b.data()), lookup->source[block] != 0) << "block " << block;
+    lent += !in_scratch(b.data());
+  });
+  ASSERT_TRUE(visited.ok()) << visited.status().ToString();
+  EXPECT_EQ(visited->loaded_blocks, kBlocks - 1);
+  ASSERT_EQ(order.size(), kBlocks - 1);
+  for (uint32_t i = 0; i < order.size(); ++i) EXPECT_EQ(order[i], i);
+  EXPECT_EQ(lent, lookup->blocks_by_tier[0] - (lookup->source[0] == 0));
+  EXPECT_GE(cache.tier(0).stats().gets, host_gets + lent);  // a lend counts as the tier's get
+
+  if (GetParam() == WriteMode::kWriteThrough) {
+    // A host block gone since the lookup is read from the disk copy instead, in its place.
+    uint32_t gone = 0;
+    while (gone < kBlocks && lookup->source[gone] != 0) ++gone;
+    ASSERT_LT(gone, kBlocks);
+    const BlockKey key[1] = {lookup->keys[gone]};
+    ASSERT_TRUE(cache.tier(0).Erase(key).ok());
+    uint32_t seen = 0;
+    auto again = cache.LoadVisit(*lookup, 0, kBlocks, scratch, [&](uint32_t i, ConstBlock b) {
+      EXPECT_EQ(i, seen++);
+      EXPECT_TRUE(std::equal(b.begin(), b.end(), data[i].begin())) << "block " << i;
+      if (i == gone) {
+        EXPECT_TRUE(in_scratch(b.data()));
+      }
+    });
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->loaded_blocks, kBlocks);
+    EXPECT_EQ(seen, kBlocks);
+  }
+  EXPECT_FALSE(cache.LoadVisit(*lookup, 0, kBlocks, {}, [](uint32_t, ConstBlock) {}).ok());
+  EXPECT_FALSE(cache.LoadVisit(*lookup, 1, kBlocks, scratch, [](uint32_t, ConstBlock) {}).ok());
   lookup->pins.Release();
 }
 

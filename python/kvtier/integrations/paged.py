@@ -202,6 +202,16 @@ class GroupedPaged:
             if part.keep and part.kind != "state":
                 part.scatter(src, ids)
 
+    def load(self, cache: kvtier.KvCache, hit, count: int, pages: list,
+             scratch: torch.Tensor) -> int:
+        """Hit blocks [0, count) of lookup hit into the pages (pages: per group, the blocks' kept
+        pages, as scatter takes them; state groups are not written): one copy per block where
+        the cache lends it in place, else through scratch (kvtier.load_pages). Returns how many
+        leading blocks loaded."""
+        parts = [(p.layers, ids, p.page_tokens, p.kind, p.group)
+                 for p, ids in zip(self.parts, pages) if p.keep and p.kind != "state"]
+        return kvtier.load_pages(cache, hit, 0, count, parts, scratch).loaded_blocks
+
     def gather_states(self, pages: list, records: torch.Tensor) -> None:
         """records[r] <- the state pages pages[g][r] of every state group g (records: [n, m x
         block bytes]); the padding past the states is zeroed."""

@@ -136,25 +136,17 @@ class WorkerHalf:
             self._staging.give(buf)
 
     def _load_chunks(self, t: _Transfer, hit, m: int, step: int) -> int:
-        """Loads hit blocks [0, m) into vLLM's pages, step blocks per cache.load and scatter
-        through one reused buffer; returns how many leading blocks loaded."""
-        buf = self._staging.take(min(step, m))
-        loaded = 0
+        """Loads hit blocks [0, m) into vLLM's pages: host blocks copied once, straight from the
+        tier (lent in place), the others through one reused buffer of step blocks; returns how
+        many leading blocks loaded. vLLM's own hit may end inside the first block: those pages
+        are -1 and left as they are."""
+        k = min(step, m)
+        buf = self._staging.take(k)
         try:
-            while loaded < m:
-                k = min(step, m - loaded)
-                got = self._cache.load(hit, buf[:k], first=loaded).loaded_blocks
-                if got:  # vLLM's own hit may end inside the first block: those pages are -1
-                    a, b = loaded, loaded + got
-                    self._paged.scatter(buf[:got], [
-                        pages[a * part.keep:b * part.keep]
-                        for part, pages in zip(self._paged.parts, t.pages)])
-                loaded += got
-                if got < k:
-                    break
+            return self._paged.load(self._cache, hit, m, [
+                pages[:m * part.keep] for part, pages in zip(self._paged.parts, t.pages)], buf[:k])
         finally:
             self._staging.give(buf)
-        return loaded
 
     def _finish_load(self, t: _Transfer, out: _LoadOutcome) -> None:
         """On vLLM's thread: reports what t's load did (failures, timings, counters)."""

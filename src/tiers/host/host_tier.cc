@@ -377,6 +377,18 @@ void HostTier::GetImpl(std::span<const BlockKey> keys, std::span<const MutableBl
   pool_.Run(sc.jobs);
 }
 
+bool HostTier::LendImpl(std::span<const BlockKey> keys, const LendFn& use) {
+  std::vector<const std::byte*> at(keys.size());
+  // Held while use reads: an Erase or a Put into these slots waits, as for GetImpl's copies.
+  ReaderLock lock(&mu_);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint32_t slot = FindSlot(keys[i]);
+    at[i] = slot != FlatIdMap::kNone ? SlotPtr(slot) : nullptr;
+  }
+  use(at);
+  return true;
+}
+
 Status HostTier::ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) {
   ReaderLock lock(&mu_);
   for (size_t i = 0; i < keys.size(); ++i) out[i] = FindSlot(keys[i]) != FlatIdMap::kNone;

@@ -132,6 +132,7 @@ class HostTier final : public Tier {
   void GetImpl(std::span<const BlockKey> keys, std::span<const MutableBlock> out,
                std::span<Status> results) override;
   Status ExistsImpl(std::span<const BlockKey> keys, std::span<bool> out) override;
+  bool LendImpl(std::span<const BlockKey> keys, const LendFn& use) override;
   Status EraseImpl(std::span<const BlockKey> keys) override;
   uint64_t UsedBytesImpl() const override;
   TierCapabilities CapabilitiesImpl() const override;

@@ -70,6 +70,39 @@ struct Done {
   kvtier_store_result result;
 };
 
+/* kvtier_load_visit: blocks 1.. handed over in order, each copied where the engine wants it. */
+typedef struct {
+  unsigned char* dst;
+  size_t block_bytes;
+  uint32_t next;
+  int in_order;
+} Visited;
+
+static void CopyVisited(void* user, uint32_t index, const void* bytes, size_t size) {
+  Visited* v = (Visited*)user;
+  if (index != v->next++ || size != v->block_bytes) v->in_order = 0;
+  memcpy(v->dst + (size_t)index * v->block_bytes, bytes, size);
+}
+
+static int LoadVisit(kvtier_cache* cache, const kvtier_lookup* lk, const unsigned char* src,
+                     unsigned char* dst, int blocks) {
+  const size_t bb = kvtier_cache_block_bytes(cache);
+  void* scratch[1] = {malloc(bb)};
+  Visited v = {dst, bb, 0, 1};
+  uint32_t loaded = 0;
+  memset(dst, 0, (size_t)blocks * bb);
+  CHECK(kvtier_load_visit(cache, lk, 1, (size_t)blocks - 1, scratch, 1, CopyVisited, &v, &loaded) ==
+        KVTIER_OK);
+  CHECK(loaded == (uint32_t)blocks - 1 && v.in_order && v.next == loaded);
+  CHECK(memcmp(src + bb, dst, (size_t)(blocks - 1) * bb) == 0);
+  CHECK(kvtier_load_visit(cache, lk, 0, (size_t)blocks, scratch, 0, CopyVisited, &v, &loaded) ==
+        KVTIER_INVALID_ARGUMENT); /* no scratch block */
+  CHECK(kvtier_load_visit(cache, lk, 1, (size_t)blocks, scratch, 1, CopyVisited, &v, &loaded) ==
+        KVTIER_INVALID_ARGUMENT); /* past the hit */
+  free(scratch[0]);
+  return 0;
+}
+
 static void OnStored(void* user, kvtier_code code, const kvtier_store_result* result) {
   struct Done* d = (struct Done*)user;
   d->calls++;
@@ -168,6 +201,7 @@ static int ThroughDaemon(const char* socket) {
   CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks - 1, &loaded) == KVTIER_OK);
   CHECK(loaded == kBlocks - 1 && memcmp(src + bb, dst, (kBlocks - 1) * bb) == 0);
   CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks, &loaded) == KVTIER_INVALID_ARGUMENT);
+  CHECK(LoadVisit(cache, lk, src, dst, kBlocks) == 0);
   kvtier_lookup_free(lk);
   CHECK(CheckStatNames(cache, 1) == 0);
   CHECK(AsyncStores(cache, in, kBlocks) == 0);
@@ -426,6 +460,7 @@ int main(int argc, char** argv) {
   CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks - 1, &loaded) == KVTIER_OK);
   CHECK(loaded == kBlocks - 1 && memcmp(src + bb, dst, (kBlocks - 1) * bb) == 0);
   CHECK(kvtier_load_range(cache, lk, 1, out, kBlocks, &loaded) == KVTIER_INVALID_ARGUMENT);
+  CHECK(LoadVisit(cache, lk, src, dst, kBlocks) == 0);
   kvtier_lookup_free(lk);
 
   /* Another tenant never sees these blocks. */
