@@ -30,7 +30,8 @@ extern "C" {
 #define KVTIER_C_EXPORT
 #endif
 
-/* The C API's own version: bumped on any incompatible change (the SONAME follows it). */
+/* The C API's own version: it grows with each addition (3: state records, 4: kvtier_load_visit);
+ * the SONAME changes only with an incompatible change. */
 #define KVTIER_C_API_VERSION 4
 
 typedef enum kvtier_code {

@@ -376,19 +376,33 @@ kvtier_code kvtier_load(kvtier_cache* cache, const kvtier_lookup* lookup, void* 
   return kvtier_load_range(cache, lookup, 0, dst, num_blocks, loaded_blocks);
 }
 
+namespace {
+
+// bufs[0..n) as block spans of the cache's block size; INVALID_ARGUMENT (naming `what`) for a
+// NULL one.
+kvtier_code BlockSpans(const kvtier_cache* cache, void* const* bufs, size_t n, const char* what,
+                       std::vector<kvtier::MutableBlock>* out) {
+  const size_t bytes = cache->impl->layout().bytes_per_block();
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (bufs[i] == nullptr)
+      return Fail(KVTIER_INVALID_ARGUMENT,
+                  std::string(what) + "[" + std::to_string(i) + "] is NULL");
+    (*out)[i] = {static_cast<std::byte*>(bufs[i]), bytes};
+  }
+  return KVTIER_OK;
+}
+
+}  // namespace
+
 kvtier_code kvtier_load_range(kvtier_cache* cache, const kvtier_lookup* lookup, uint32_t first,
                               void* const* dst, size_t num_blocks, uint32_t* loaded_blocks) {
   return Guard("kvtier_load", [&] {
     if (loaded_blocks != nullptr) *loaded_blocks = 0;
     if (cache == nullptr || lookup == nullptr || (dst == nullptr && num_blocks > 0))
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load: cache, lookup or dst is NULL");
-    const size_t bytes = cache->impl->layout().bytes_per_block();
-    std::vector<kvtier::MutableBlock> spans(num_blocks);
-    for (size_t i = 0; i < num_blocks; ++i) {
-      if (dst[i] == nullptr)
-        return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load: dst[" + std::to_string(i) + "] is NULL");
-      spans[i] = {static_cast<std::byte*>(dst[i]), bytes};
-    }
+    std::vector<kvtier::MutableBlock> spans;
+    if (kvtier_code c = BlockSpans(cache, dst, num_blocks, "kvtier_load: dst", &spans)) return c;
     auto r = cache->impl->Load(lookup->result, first, spans);
     if (!r.ok()) return Report(r.status());
     if (loaded_blocks != nullptr) *loaded_blocks = r->loaded_blocks;
@@ -407,14 +421,10 @@ kvtier_code kvtier_load_visit(kvtier_cache* cache, const kvtier_lookup* lookup, 
                   "kvtier_load_visit: cache, lookup, visit or scratch is NULL");
     if (num_blocks > UINT32_MAX)
       return Fail(KVTIER_INVALID_ARGUMENT, "kvtier_load_visit: num_blocks past 2^32");
-    const size_t bytes = cache->impl->layout().bytes_per_block();
-    std::vector<kvtier::MutableBlock> spans(num_scratch);
-    for (size_t i = 0; i < num_scratch; ++i) {
-      if (scratch[i] == nullptr)
-        return Fail(KVTIER_INVALID_ARGUMENT,
-                    "kvtier_load_visit: scratch[" + std::to_string(i) + "] is NULL");
-      spans[i] = {static_cast<std::byte*>(scratch[i]), bytes};
-    }
+    std::vector<kvtier::MutableBlock> spans;
+    if (kvtier_code c =
+            BlockSpans(cache, scratch, num_scratch, "kvtier_load_visit: scratch", &spans))
+      return c;
     auto r = cache->impl->LoadVisit(
         lookup->result, first, static_cast<uint32_t>(num_blocks), spans,
         [&](uint32_t i, kvtier::ConstBlock b) { visit(user, i, b.data(), b.size()); });

@@ -125,14 +125,10 @@ def _launch_cpus() -> set[int]:
     """The CPUs this process was started on: its parent's affinity (an OpenMP runtime has since
     bound this process's main thread, and every thread it starts inherits that), else every
     CPU online."""
-    for pid in (os.getppid(), 0):
-        try:
-            cpus = os.sched_getaffinity(pid)
-        except OSError:
-            continue
-        if pid or cpus:
-            return set(cpus)
-    return set(range(os.cpu_count() or 1))
+    try:
+        return set(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        return set(range(os.cpu_count() or 1))
 
 
 def background_cpus(spec, env=None, engine_cpus: set[int] = frozenset()) -> set[int] | None:

@@ -238,14 +238,12 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                                          engine_cpus=ranks)
         except ValueError as e:
             raise ValueError(f"kvtier connector: background_cpus: {e}") from None
-        self._async_mode = str(extra.get("async_load", "auto"))
-        if self._async_mode not in ASYNC_LOAD_MODES:
-            raise ValueError(f"kvtier connector: async_load {self._async_mode!r} is not one of "
-                             f"{', '.join(ASYNC_LOAD_MODES)}")
-        lookup_mode = str(extra.get("async_lookup", "auto"))
-        if lookup_mode not in ASYNC_LOAD_MODES:
-            raise ValueError(f"kvtier connector: async_lookup {lookup_mode!r} is not one of "
-                             f"{', '.join(ASYNC_LOAD_MODES)}")
+        self._async_mode, lookup_mode = (str(extra.get(key, "auto"))
+                                         for key in ("async_load", "async_lookup"))
+        for key, mode in (("async_load", self._async_mode), ("async_lookup", lookup_mode)):
+            if mode not in ASYNC_LOAD_MODES:
+                raise ValueError(f"kvtier connector: {key} {mode!r} is not one of "
+                                 f"{', '.join(ASYNC_LOAD_MODES)}")
         self._profile_out = extra.get("cost_profile_out")
         self._counters = _Counters()
         self._warned: set[str] = set()

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from vllm.forward_context import ForwardContext
     from vllm.v1.attention.backend import AttentionMetadata
 
-# A host load's chunk: cache.load into the buffer, then the scatter into vLLM's pages, while it
-# is still in the CPU's cache.
+# A load's scratch: host blocks are lent this many bytes at a time (the tier's reader lock is
+# held that long); blocks the cache cannot lend go through it, each chunk written into vLLM's
+# pages while it is still in the CPU's cache.
 LOAD_CHUNK_BYTES = 4 << 20
 
 
@@ -90,11 +91,11 @@ class WorkerHalf:
         n = len(t.keys) - t.states
         out = _LoadOutcome()
         t0 = time.perf_counter()
-        # Host hits go through one reused buffer of LOAD_CHUNK_BYTES, chunk after chunk: a buffer
-        # as long as the hit would be gigabytes for a long prefix, and each first touch of fresh
-        # pages faults (measured: a first 3456-token load 120-270 ms slower than the next). Hits
-        # from below stay one call: one batch for the tier. (Two threads copying the chunks of a
-        # 32 MiB host hit took as long as one here: 7.9 against 7.8 ms.)
+        # Host hits are lent LOAD_CHUNK_BYTES at a time and copied once, into vLLM's pages; a
+        # scratch as long as the hit would be gigabytes for a long prefix, and each first touch
+        # of fresh pages faults (measured: a first 3456-token load 120-270 ms slower than the
+        # next). Hits from below stay one call: one batch for the tier. (Two threads copying the
+        # chunks of a 32 MiB host hit took as long as one here: 7.9 against 7.8 ms.)
         chunk = max(1, min(n, LOAD_CHUNK_BYTES // self._layout.bytes_per_block))
         try:
             keys = [kvtier.BlockKey(hi, lo) for hi, lo in t.keys]

@@ -381,10 +381,7 @@ bool HostTier::LendImpl(std::span<const BlockKey> keys, const LendFn& use) {
   std::vector<const std::byte*> at(keys.size());
   // Held while use reads: an Erase or a Put into these slots waits, as for GetImpl's copies.
   ReaderLock lock(&mu_);
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const uint32_t slot = FindSlot(keys[i]);
-    at[i] = slot != FlatIdMap::kNone ? SlotPtr(slot) : nullptr;
-  }
+  PointersLocked(keys, at);
   use(at);
   return true;
 }
@@ -416,6 +413,11 @@ void HostTier::Offsets(std::span<const BlockKey> keys, std::span<uint64_t> out) 
 
 void HostTier::Pointers(std::span<const BlockKey> keys, std::span<const std::byte*> out) const {
   ReaderLock lock(&mu_);
+  PointersLocked(keys, out);
+}
+
+void HostTier::PointersLocked(std::span<const BlockKey> keys,
+                              std::span<const std::byte*> out) const {
   for (size_t i = 0; i < keys.size(); ++i) {
     const uint32_t slot = FindSlot(keys[i]);
     out[i] = slot != FlatIdMap::kNone ? SlotPtr(slot) : nullptr;

@@ -182,6 +182,8 @@ class HostTier final : public Tier {
   mutable SharedMutex mu_;
   // key -> slot, the key kept once, in keys_[slot] (8 + 16 bytes a slot, not a 24-byte map
   // slot at 3/4 load: ~17 bytes a block less outside the arena).
+  void PointersLocked(std::span<const BlockKey> keys, std::span<const std::byte*> out) const
+      KVTIER_REQUIRES_SHARED(mu_);
   uint32_t FindSlot(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {
     const BlockKey* keys = keys_.data();  // read under mu_ here; the lambda runs within
     return map_.Find(key, [keys](uint32_t s) -> const BlockKey& { return keys[s]; });
