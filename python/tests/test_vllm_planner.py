@@ -8,8 +8,9 @@ prompt (host + write-through to the remote tier); each later process starts with
 tier, so its hits come from the slow remote tier:
 - TTFT: one process, one request at a time over prefix lengths from 2 blocks to the model's
   longest, each length REPS times in each planner mode (always-load, never-load, auto; switched
-  in place, interleaved). Outputs equal the run without the connector; auto's median TTFT over
-  the better of the other two is printed per length (the bar: 1.1x), with the crossover the
+  in place, interleaved). Outputs equal the run without the connector; per length, the median
+  over reps of auto's TTFT over the better mode's in the same rep (paired: a rep's three modes
+  run back to back) is printed (the bar: 1.1x), with the crossover the
   planner learned beside the measured one. The test fails past AUTO_OVER_BEST_MAX, where a wrong
   choice lands (loading a short prefix or recomputing a long one costs 1.5-3x here).
 - Decode: request B decodes while request A's 31-block prefix loads from the slow tier; B's mean
@@ -162,16 +163,25 @@ def test_planner_modes(env):
     with open(env["root"] / "stats-auto.scheduler.json") as f:
         tiers = {t["name"]: t for t in json.load(f)["kvtier"]["tiers"]}
     assert tiers["remote"]["declined_blocks"] > 0, tiers  # the cache's count (status, /metrics)
-    ttft = {m: by_length([r for r in out["prompts"] if r["mode"] == m]) for m in MODES}
+    ttft = {m: by_length([r for r in out["prompts"] if r.get("mode") == m]) for m in MODES}
     load, recompute, auto = (ttft[m] for m in MODES)
+    # Paired: each rep's three modes ran back to back, so auto over the better mode (by median)
+    # in the same rep cancels a slow spell of the machine; the median of those is the figure.
+    by_rep = {}
+    for j, ((m, _, n), row) in enumerate(zip(MEASURE, [r for r in out["prompts"] if "mode" in r])):
+        assert row["mode"] == m and row["tokens"] == n, (j, row["mode"], m)
+        by_rep[(n, j // 3 % REPS, m)] = row["ttft_s"]  # MEASURE's j: ((length, rep), mode)
     rows, worst = [], 0.0
     for n in LENGTHS:
-        best = min(load[n], recompute[n])
-        worst = max(worst, auto[n] / best)
+        better = "always-load" if load[n] < recompute[n] else "never-load"
+        paired = statistics.median(by_rep[(n, r, "auto")] / by_rep[(n, r, better)]
+                                   for r in range(REPS))
+        worst = max(worst, paired)
         rows.append({"tokens": n, "load_ms": round(load[n] * 1e3, 1),
                      "recompute_ms": round(recompute[n] * 1e3, 1),
                      "auto_ms": round(auto[n] * 1e3, 1),
-                     "auto_over_best": round(auto[n] / best, 3)})
+                     "auto_over_best": round(paired, 3),
+                     "auto_over_best_medians": round(auto[n] / min(load[n], recompute[n]), 3)})
     measured = next((n for n in LENGTHS if load[n] < recompute[n]), None)
     with open(env["root"] / "stats-auto.scheduler.json") as f:
         planner = json.load(f)["planner"]
@@ -191,9 +201,14 @@ def test_planner_modes(env):
                                    "planner": planner["crossover_tokens"].get("remote"),
                                    "plan_crossover_cli": cli_x}
     SUMMARY["decisions"] = c["decisions"]
+    # auto's every prompt: its TTFT, its choice and what the model predicted for either way.
+    SUMMARY["auto_plans"] = {n: [[round(r["ttft_s"] * 1e3, 1), r.get("plan")]
+                                 for r in out["prompts"] if r["mode"] == "auto" and r["tokens"] == n]
+                             for n in LENGTHS}
     print("\n" + json.dumps(SUMMARY))
     assert planner["prefill"] == "learned", planner
-    assert worst <= AUTO_OVER_BEST_MAX, f"auto TTFT over min(load, recompute) {worst:.3f}x: {rows}"
+    assert worst <= AUTO_OVER_BEST_MAX, \
+        f"auto TTFT over min(load, recompute) {worst:.3f}x: {rows}; auto: {SUMMARY['auto_plans']}"
 
 
 def test_async_load_does_not_stall_decode(env):

@@ -36,13 +36,28 @@ def run_prompts(llm, prompts) -> list[dict]:
 def run_modes(llm, prompts) -> list[dict]:
     import kvtier.integrations.vllm as hooks
 
-    rows = []
+    rows, seen = [], []
+    for c in list(hooks._CONNECTORS):
+        if c._cost is not None:  # each decision and what the model predicted, for the report
+            decide = c._cost.decide
+
+            def recorded(*a, _decide=decide, **k):
+                d = _decide(*a, **k)
+                seen.append(d)
+                return d
+            c._cost.decide = recorded
     for mode, seed, n in prompts:
         for c in list(hooks._CONNECTORS):
             if c._cost is not None:
                 c._cost.mode = mode
+        del seen[:]
         row = run_prompts(llm, [[seed, n]])[0]
         row["mode"] = mode
+        if seen:
+            d = seen[-1]
+            row["plan"] = {"choice": d.choice, "load_blocks": d.load_blocks,
+                           "load_all_ms": round(d.load_all_s * 1e3, 1),
+                           "recompute_all_ms": round(d.recompute_all_s * 1e3, 1)}
         rows.append(row)
     return rows
 
