@@ -99,6 +99,12 @@ class Client final : public KvCache {
   using KvCache::Load;
   Result<LoadResult> Load(const LookupResult& lookup, uint32_t first,
                           std::span<const MutableBlock> dst) override;
+  // Lends each block where it lies in the shared arena (scratch is not used) and checks its
+  // checksum right after visit returns: a block changed under the engine's copy fails, with
+  // every block after it, though visit saw it.
+  Result<LoadResult> LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                               std::span<const MutableBlock> scratch,
+                               const BlockVisitor& visit) override;
   Result<StoreResult> StoreKeys(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                                 uint32_t first_block = 0,
                                 const RequestOptions& request = {}) override;

@@ -159,8 +159,10 @@ class KvCache {
   // where it lies into its own pages: a block the cache can read in place (the in-process host
   // tier, kept by the lookup's pins) is lent with no copy, the others are loaded into scratch
   // (whole blocks, at least one; up to scratch.size() per Load) first. Stops at the first block
-  // that does not load; loaded_blocks and block_status as Load's. InvalidArgument as Load's,
-  // and when scratch holds no block. This implementation lends nothing.
+  // that does not load; loaded_blocks and block_status as Load's: only the first loaded_blocks
+  // are good, though visit may have seen one more (a lender that checks a block after lending
+  // it, as the daemon's Client). InvalidArgument as Load's, and when scratch holds no block.
+  // This implementation lends nothing.
   using BlockVisitor = std::function<void(uint32_t i, ConstBlock bytes)>;
   virtual Result<LoadResult> LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
                                        std::span<const MutableBlock> scratch,

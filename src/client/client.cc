@@ -411,6 +411,18 @@ Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
   return r;
 }
 
+namespace {
+
+// Load's and LoadVisit's one path: blocks [first, first + n) of lookup's lease, those on SSD or
+// Redis staged into the arena by the daemon first, each handed to deliver(i, bytes in the
+// arena), which returns the bytes' Checksum64. A block whose checksum differs from its commit's
+// is a miss from there on, and the daemon is told so it drops it.
+Result<LoadResult> LoadFromArena(
+    Client::Impl& impl, const LookupResult& lookup, uint32_t first, uint32_t n, uint64_t bb,
+    const std::function<uint64_t(uint32_t, const std::byte*)>& deliver);
+
+}  // namespace
+
 Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
                                 std::span<const MutableBlock> dst) {
   const uint64_t bb = impl_->opt_.layout.bytes_per_block();
@@ -423,19 +435,44 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
       return Status::InvalidArgument("Load: buffer " + std::to_string(i) + " has " +
                                      std::to_string(dst[i].size()) + " bytes, a block has " +
                                      std::to_string(bb));
+  // Checked in the same pass as the copy (bytes changed since their commit: zeroed, punched,
+  // overwritten).
+  return LoadFromArena(
+      *impl_, lookup, first, static_cast<uint32_t>(dst.size()), bb,
+      [&](uint32_t i, const std::byte* src) { return CopyBlockChecksum(dst[i].data(), src, bb); });
+}
+
+Result<LoadResult> Client::LoadVisit(const LookupResult& lookup, uint32_t first, uint32_t n,
+                                     std::span<const MutableBlock> scratch,
+                                     const BlockVisitor& visit) {
+  if (Status s = CheckVisit(lookup, first, n, scratch); !s.ok()) return s;
+  const uint64_t bb = impl_->opt_.layout.bytes_per_block();
+  // Lent from the arena: the engine's copy is the only one. The block is checked right after
+  // it, while its bytes are still in cache; a block changed under the copy fails (the engine
+  // recomputes what it was handed past loaded_blocks).
+  return LoadFromArena(*impl_, lookup, first, n, bb, [&](uint32_t i, const std::byte* src) {
+    visit(i, ConstBlock(src, bb));
+    return Checksum64(std::span<const std::byte>(src, bb));
+  });
+}
+
+namespace {
+
+Result<LoadResult> LoadFromArena(
+    Client::Impl& impl, const LookupResult& lookup, uint32_t first, uint32_t n, uint64_t bb,
+    const std::function<uint64_t(uint32_t, const std::byte*)>& deliver) {
   LoadResult r;
-  const uint32_t n = static_cast<uint32_t>(dst.size());
   r.block_status.assign(n, Status::Ok());
   if (n == 0) return r;
   auto* h = dynamic_cast<LeaseHolder*>(lookup.pins.holder());
   auto refuse = [&](const std::string& why) {
-    ++impl_->expired_loads_;
+    ++impl.expired_loads_;
     for (auto& s : r.block_status) s = Status::Unavailable(why);
     return r;
   };
   if (!h || !h->arena) return refuse("Load: the lookup holds no lease");
   if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired");
-  // Block i of dst is block first + i of the lease.
+  // Block i here is block first + i of the lease.
   const uint64_t* offsets = h->offsets.data() + first;
   const uint64_t* checksums = h->checksums.data() + first;
   bool missing = false;
@@ -444,7 +481,7 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
     // Blocks on SSD or Redis: the daemon stages them into the arena first (those before first
     // that a chunk before this one staged are found there).
     std::vector<std::byte> reply;
-    Status s = impl_->Call(
+    Status s = impl.Call(
         serve::MsgType::kLoad,
         [&](Writer* w) {
           w->U64(h->lease_id);
@@ -454,7 +491,7 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
     serve::LoadReply lr;
     if (s.ok()) {
       Reader rd(reply);
-      s = Impl::ReplyStatus(&rd);
+      s = Client::Impl::ReplyStatus(&rd);
       if (s.ok()) s = serve::DecodeLoadReply(&rd, &lr);
     }
     if (!s.ok()) return refuse("Load: " + s.message());
@@ -472,15 +509,13 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
                                              " could not be staged into the arena");
       break;
     }
-    // Checked in the same pass as the copy: bytes changed since their commit (zeroed, punched,
-    // overwritten) are a miss from this block on, and the daemon is told so it drops them.
-    const uint64_t sum = CopyBlockChecksum(dst[i].data(), h->arena->base + off, bb);
+    const uint64_t sum = deliver(i, h->arena->base + off);
     if (checksums[i] != 0 && sum != checksums[i]) {
-      ++impl_->corrupt_blocks_;
+      ++impl.corrupt_blocks_;
       for (uint32_t j = i; j < n; ++j)
         r.block_status[j] = Status::Corruption("block " + lookup.keys[first + i].ToHex() +
                                                " changed in the arena since its commit");
-      (void)impl_->Call(
+      (void)impl.Call(
           serve::MsgType::kBadBlock,
           [&](Writer* w) {
             w->U64(h->lease_id);
@@ -494,6 +529,8 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
   }
   return r;
 }
+
+}  // namespace
 
 Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
                                       std::span<const ConstBlock> blocks, uint32_t first_block,

@@ -110,7 +110,8 @@ TEST(ServeAdmissionTest, WriteBackVictimsOfTheArenaGoDownOnlyWhenReused) {
   EXPECT_EQ(t.admitted, 4u);
   EXPECT_EQ(t.skipped_reuse, 4u);
   EXPECT_EQ(t.tier.puts, 4u);
-  EXPECT_EQ(LoadChain(*d.client, 100, 4), 4);  // from the disk, byte for byte
+  // From the disk, byte for byte, lent where the daemon staged them (LoadVisit).
+  EXPECT_EQ(LoadChain(*d.client, 100, 4, {}, /*visit=*/true), 4);
   EXPECT_EQ(LoadChain(*d.client, 200, 4), 0);
 }
 

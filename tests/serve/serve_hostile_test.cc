@@ -146,6 +146,7 @@ TEST_F(ServeHostileTest, BytesChangedAfterCommitAreMissesThenRepaired) {
   auto c = Client::Open(Opts(d));
   ASSERT_TRUE(c.ok());
   ASSERT_EQ(StoreChain(**c, 3, 6).stored_blocks, 6u);
+  ASSERT_EQ(StoreChain(**c, 4, 6).stored_blocks, 6u);
   // Another process of the same tenant zeroes the arena it shares with c.
   Raw same(d.socket());
   int fd = -1;
@@ -158,6 +159,8 @@ TEST_F(ServeHostileTest, BytesChangedAfterCommitAreMissesThenRepaired) {
   close(fd);
   EXPECT_EQ(LoadChain(**c, 3, 6), 0);  // a miss (recompute), never a wrong hit
   EXPECT_EQ((*c)->client_stats().corrupt_blocks, 1u);
+  EXPECT_EQ(LoadChain(**c, 4, 6, {}, /*visit=*/true), 0);  // lent, then checked: the same
+  EXPECT_EQ((*c)->client_stats().corrupt_blocks, 2u);
   // Each report is verified and the block dropped, so storing again repairs the chain.
   int loaded = 0;
   for (int round = 0; round < 8 && loaded != 6; ++round) {

@@ -55,6 +55,9 @@ TEST_F(ServeTest, StoreLookupLoadThroughTheSharedArena) {
   EXPECT_EQ(s.failed_blocks, 0u);
   EXPECT_EQ(LoadChain(**c, 7, 10), 10);
   EXPECT_EQ(LoadChain(**c, 7, 14), 10);  // a longer prompt hits its stored prefix
+  int lent = 0;
+  EXPECT_EQ(LoadChain(**c, 7, 14, {}, /*visit=*/true, &lent), 10);
+  EXPECT_EQ(lent, 10) << "LoadVisit copied through scratch instead of lending the arena's bytes";
   // Storing it again copies nothing.
   s = StoreChain(**c, 7, 10);
   EXPECT_EQ(s.present_blocks, 10u);

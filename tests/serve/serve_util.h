@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -97,15 +98,30 @@ inline StoreResult StoreChain(KvCache& c, uint32_t base, uint32_t n, uint32_t fr
 }
 
 // Looks up the prefix, loads every hit and checks it; returns the blocks loaded (-1 on a
-// mismatch).
-inline int LoadChain(KvCache& c, uint32_t base, uint32_t n, const RequestOptions& rq = {}) {
+// mismatch). visit: through LoadVisit (each visited block copied out, in order), not Load;
+// *lent counts the blocks it handed over from elsewhere than its scratch.
+inline int LoadChain(KvCache& c, uint32_t base, uint32_t n, const RequestOptions& rq = {},
+                     bool visit = false, int* lent = nullptr) {
   const KvLayout& l = c.layout();
   auto lr = c.Lookup(Tokens(uint64_t{n} * l.block_tokens, base), rq);
   if (!lr.ok()) return -2;
   std::vector<std::vector<std::byte>> buf(lr->hit_blocks,
                                           std::vector<std::byte>(l.bytes_per_block()));
   std::vector<MutableBlock> dst(buf.begin(), buf.end());
-  auto ld = c.Load(*lr, dst);
+  Result<LoadResult> ld = LoadResult{};
+  if (visit) {
+    std::vector<std::byte> scratch(l.bytes_per_block());
+    const MutableBlock one[] = {MutableBlock(scratch)};
+    uint32_t next = 0;
+    ld = c.LoadVisit(*lr, 0, lr->hit_blocks, one, [&](uint32_t i, ConstBlock b) {
+      if (i != next++ || b.size() != buf[i].size()) return;  // out of order: a mismatch below
+      std::memcpy(buf[i].data(), b.data(), b.size());
+      if (lent != nullptr && b.data() != scratch.data()) ++*lent;
+    });
+    if (ld.ok() && next < ld->loaded_blocks) return -1;
+  } else {
+    ld = c.Load(*lr, dst);
+  }
   if (!ld.ok()) return -3;
   for (uint32_t i = 0; i < ld->loaded_blocks; ++i)
     if (buf[i] != MakeBlock(l.bytes_per_block(), Seed(lr->keys[i]))) return -1;
