@@ -11,7 +11,8 @@
 // refuses the batch and counts it (a later miss, never unbounded memory or a stalled step).
 // A lookup that needs blocks still queued waits for exactly those (WaitFor): queued batches up
 // to the last that holds one are stored by the waiter itself, so it never waits on a thread the
-// scheduler holds back (the thread may run at SCHED_IDLE).
+// scheduler holds back (the thread may run at SCHED_IDLE); a batch the thread is storing
+// already, it waits for with the thread lifted to the normal policy until no one waits.
 //
 // Thread-safety: every method may be called from any thread. done runs on the thread that
 // stored the batch (the store thread, a waiter in WaitFor, or the destructor), never under a

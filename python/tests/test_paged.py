@@ -271,8 +271,8 @@ def test_latent_pages_round_trip_one_latent_per_token():
 
 @pytest.mark.parametrize("door", ["inprocess", "daemon"])
 def test_load_pages_writes_what_scatter_would_through_either_door(door, tmp_path):
-    # In process the host tier lends its blocks (one copy, into the pages); a daemon's client
-    # loads through scratch first. The pages must come out the same either way.
+    # In process the host tier lends its blocks (one copy, into the pages), and a daemon's
+    # client its shared arena's. The pages must come out the same either way.
     torch.manual_seed(4)
     src_layers = [torch.randn(N, H, P, 2 * D) for _ in range(L)]
     blocks = torch.empty(2, L, 2, 64, H, D)

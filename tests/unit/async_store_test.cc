@@ -4,10 +4,12 @@
 #include "kvtier/async_store.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 
 #include <future>
+#include <thread>
 
 #include "kvtier/cache.h"
 #include "testing/test_util.h"
@@ -193,6 +195,43 @@ TEST(AsyncStoreTest, TheThreadRunsAtTheAskedPriority) {
   errno = 0;
   EXPECT_EQ(getpriority(PRIO_PROCESS, static_cast<id_t>(nice.thread_id())), 19);
   EXPECT_GE(idle.thread_cpu_seconds(), 0.0);
+}
+
+// Whether this process may move a thread from SCHED_IDLE back to the normal policy (root, or
+// an RLIMIT_NICE that allows nice 0).
+bool MayLiftIdleThreads() {
+  bool ok = false;
+  std::thread([&] {
+    sched_param p{};
+    ok = pthread_setschedparam(pthread_self(), SCHED_IDLE, &p) == 0 &&
+         pthread_setschedparam(pthread_self(), SCHED_OTHER, &p) == 0;
+  }).join();
+  return ok;
+}
+
+TEST(AsyncStoreTest, AWaiterLiftsTheIdleStoreThreadItWaitsOnUntilItIsDone) {
+  if (!MayLiftIdleThreads())
+    GTEST_SKIP() << "this process may not lift a SCHED_IDLE thread (root or RLIMIT_NICE needed)";
+  HeldCache h;
+  auto& [held, cache] = h;
+  ASSERT_TRUE(cache);
+  AsyncStore saves(*cache);  // SCHED_IDLE
+  StoredRequest a(*cache, 2, 1);
+  ASSERT_TRUE(saves.Submit(BatchOf(a), [](std::vector<Result<StoreResult>>&) {}));
+  ASSERT_EQ(held.entered.wait_for(kPatience), std::future_status::ready);
+  const int tid = saves.thread_id();
+  ASSERT_GT(tid, 0);
+  EXPECT_EQ(sched_getscheduler(tid), SCHED_IDLE);
+  auto waiter = std::async(std::launch::async, [&] { return saves.WaitFor(a.keys, kPatience); });
+  const auto deadline = std::chrono::steady_clock::now() + kPatience;
+  while (sched_getscheduler(tid) != SCHED_OTHER && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  EXPECT_EQ(sched_getscheduler(tid), SCHED_OTHER) << "the waited-on store thread stayed idle";
+  held.Open();
+  ASSERT_EQ(waiter.wait_for(kPatience), std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(sched_getscheduler(tid), SCHED_IDLE) << "no one waits: back to idle";
+  ExpectHits(*cache, a.keys, 2);
 }
 
 TEST(AsyncStoreTest, KeysOfMatchesStoreAndRefusesMissingBlocks) {
