@@ -310,3 +310,106 @@ def test_load_pages_writes_what_scatter_would_through_either_door(door, tmp_path
     finally:
         if daemon is not None:
             daemon.kill()
+
+
+# ---- The torch copies: vLLM's CUDA layouts, and any tensor on a device. Checked on the CPU
+# against the C++ kernels (forced with torch_copies), byte for byte.
+
+
+def cuda_layouts(split_layers):
+    """The same pages as vLLM on CUDA keeps them: FlashAttention's [2, N, P, H, D] and
+    FlashInfer's [N, 2, P, H, D]."""
+    flash = [t.permute(0, 1, 3, 2, 4).contiguous() for t in split_layers]
+    return {"flash": flash, "flashinfer": [t.transpose(0, 1).contiguous() for t in flash]}
+
+
+@pytest.mark.parametrize("kind", ["fused", "split", "latent"])
+def test_torch_copies_write_what_the_kernels_write(kind):
+    torch.manual_seed(5)
+    lay = layout()
+    if kind == "latent":
+        lay = kvtier.KvLayout(num_layers=L, num_kv_heads=1, head_dim=D, dtype="fp32",
+                              block_tokens=64, attention="mla")
+        layers = [torch.randn(N, 1, P, D) for _ in range(L)]
+    else:
+        layers = [torch.randn(*((N, H, P, 2 * D) if kind == "fused" else (2, N, H, P, D)))
+                  for _ in range(L)]
+    kernels, by_torch = PagedKv(layers, lay, P), PagedKv(layers, lay, P)
+    assert kernels.kind == kind and not kernels.torch_copies
+    by_torch.torch_copies = True
+    ids = [9, 0, 3, 3, 5, 1, 8, 2]  # two blocks; a page may repeat
+    want, got = (torch.full((2, lay.bytes_per_block), 7, dtype=torch.uint8) for _ in range(2))
+    kernels.gather(ids, want)
+    by_torch.gather(ids, got)
+    assert torch.equal(got, want)
+    dst = {name: [torch.zeros_like(t) for t in layers] for name in ("kernels", "torch")}
+    PagedKv(dst["kernels"], lay, P).scatter(want, [5, -1, 7, 0, 2, 9, 6], skip=1)
+    back = PagedKv(dst["torch"], lay, P)
+    back.torch_copies = True
+    back.scatter(want, [5, -1, 7, 0, 2, 9, 6], skip=1)
+    for a, b in zip(dst["kernels"], dst["torch"]):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="outside -1..9"):
+        by_torch.gather([9, 0, 3, 10, 5, 1, 8, 2], got)
+    with pytest.raises(ValueError, match="for 2 blocks"):
+        by_torch.scatter(want, list(range(9)))
+
+
+def test_torch_copies_put_a_group_at_its_offset():
+    sw = kvtier.KvLayoutGroup("sliding_window", L, H, D, "fp32", window=16, page_tokens=P)
+    full = kvtier.KvLayoutGroup("full", L, H, D, "fp32")
+    lay = kvtier.KvLayout.from_groups([sw, full], 64)
+    layers = fused_layers()
+    out = {}
+    for forced in (False, True):
+        parts = [PagedKv(layers, lay, P, group=0), PagedKv(layers, lay, P, group=1)]
+        for p in parts:
+            p.torch_copies = forced
+        o = torch.zeros((2, lay.bytes_per_block), dtype=torch.uint8)
+        parts[0].gather([3, 7], o)
+        parts[1].gather([0, 1, 2, 3, 4, 5, 6, 7], o)
+        out[forced] = o
+    assert torch.equal(out[True], out[False])
+
+
+@pytest.mark.parametrize("kind", ["flash", "flashinfer"])
+def test_cuda_layouts_are_read_and_written_as_vllm_keeps_them(kind):
+    torch.manual_seed(6)
+    split = [torch.randn(2, N, H, P, D) for _ in range(L)]
+    layers = cuda_layouts(split)[kind]
+    paged = PagedKv(layers, layout(), P)
+    assert paged.kind == kind and paged.torch_copies
+    ids = [9, 0, 3, 3, 5, 1, 8, 2]
+    want, got = paged.staging(2), paged.staging(2)
+    PagedKv(split, layout(), P).gather(ids, want)
+    paged.gather(ids, got)
+    assert torch.equal(got, want)
+    back = [torch.zeros_like(t) for t in layers]
+    PagedKv(back, layout(), P).scatter(want, [3, 5, 7, 0, 2, 4, 6], skip=1)
+    for b, t in zip(back, cuda_layouts([s for s in split])[kind]):
+        bp, tp = paged.pages(b), paged.pages(t)
+        for dst, src in zip((3, 5, 7, 0, 2, 4, 6), (0, 3, 3, 5, 1, 8, 2)):
+            assert torch.equal(bp[dst], tp[src])
+        assert not bp[1].any()
+
+
+def test_grouped_load_writes_device_layouts_through_scratch():
+    from kvtier.integrations.paged import GroupedPaged
+
+    torch.manual_seed(7)
+    split = [torch.randn(2, N, H, P, D) for _ in range(L)]
+    blocks = torch.empty(2, L, 2, 64, H, D)
+    PagedKv(split, layout(), P).gather(list(range(8)), blocks)
+    cache = kvtier.open_cache(layout(), [kvtier.host_tier("4MiB")], model_id="m")
+    tokens = list(range(2 * 64 + 1))
+    assert cache.store(tokens, blocks.numpy()).stored_blocks == 2
+    got = [torch.zeros_like(t) for t in cuda_layouts(split)["flash"]]
+    grouped = GroupedPaged([PagedKv(got, layout(), P)])
+    ids = [9, 8, -1, 6, 5, 4, 3, 2]  # -1: the engine's own page, left as it is
+    with cache.lookup(tokens) as hit:
+        assert grouped.load(cache, hit, 2, [ids], grouped.staging(1)) == 2
+    want = [torch.zeros_like(t) for t in cuda_layouts(split)["flash"]]
+    PagedKv(want, layout(), P).scatter(blocks, ids)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert not grouped.parts[0].pages(got[0])[7].any()

@@ -10,7 +10,14 @@ found from their shapes; an unknown one is refused with a ValueError naming it.
 Known page layouts (N = pages, H = kv heads, P = page tokens, D = head_dim):
   "fused":  [N, H, P, 2*D]   vLLM CPU after mid-2026: per head, P rows of K then P rows of V
   "split":  [2, N, H, P, D]  vLLM CPU before it
+  "flash":  [2, N, P, H, D]  vLLM on CUDA (FlashAttention; on the CPU a shape "split" also
+                             fits is read as "split")
+  "flashinfer": [N, 2, P, H, D]  vLLM on CUDA (FlashInfer)
   "latent": [N, 1, P, D]     MLA: one latent per token
+Tensors on the CPU in the first two layouts and "latent" are copied by the C++ kernels; the
+others, and every tensor on a device (CUDA), by torch: an index copy of the blocks' pages on the
+tensors' device, then one copy each way between it and the host buffer (pinned where the
+device is CUDA: GroupedPaged.staging).
 A grouped layout (hybrid models) has one PagedKv per group (`group`), each copying its group's
 kept pages at the group's offset in the block, and one StatePages per state group (a Mamba /
 linear-attention layer's page: its state's bytes, one row per page) copying to and from the
@@ -68,12 +75,18 @@ class PagedKv:
                 kinds.add("latent")
             elif len(shape) == 4 and shape[1:] == (H, P, 2 * D):
                 kinds.add("fused")
-            elif len(shape) == 5 and shape[0] == 2 and shape[2:] == (H, P, D):
+            elif (len(shape) == 5 and shape[0] == 2 and shape[2:] == (H, P, D)
+                  and (t.device.type == "cpu" or shape[2:] != (P, H, D))):
                 kinds.add("split")
+            elif len(shape) == 5 and shape[0] == 2 and shape[2:] == (P, H, D):
+                kinds.add("flash")
+            elif len(shape) == 5 and shape[1:] == (2, P, H, D):
+                kinds.add("flashinfer")
             else:
                 raise ValueError(
                     f"unknown paged KV layout {list(shape)} ({t.dtype}) for layer {name}; known: "
-                    f"[num_blocks, {H}, {P}, {2 * D}] and [2, num_blocks, {H}, {P}, {D}]")
+                    f"[num_blocks, {H}, {P}, {2 * D}], [2, num_blocks, {H}, {P}, {D}], "
+                    f"[2, num_blocks, {P}, {H}, {D}] and [num_blocks, 2, {P}, {H}, {D}]")
             if DTYPES.get(t.dtype) != dtype:
                 raise ValueError(f"layer {name} is {t.dtype}; the layout says {dtype}")
             if not t.is_contiguous():
@@ -89,15 +102,95 @@ class PagedKv:
         # Pages of a kvtier block this group keeps (the last ones: a sliding window's).
         self.keep = (layout.groups[group].stored_tokens(layout.block_tokens) // P
                      if group >= 0 else self.ratio)
+        self.heads, self.head_dim = H, D
+        self.torch_copies = (self.kind in ("flash", "flashinfer")
+                             or any(t.device.type != "cpu" for t in layers))
+        # This group's bytes in a block: from offset, one run of layer_bytes per layer.
+        self.offset = layout.group_offset(group) if group >= 0 else 0
+        tokens = self.keep * P * (1 if gkind == "latent" else 2 * H)
+        self.layer_bytes = tokens * D * layers[0].element_size()
 
     def pages(self, layer: torch.Tensor) -> torch.Tensor:
-        """A layer as [N, H, P, 2, D] (a view: writes go to the engine's memory)."""
-        L, P = self.layout, self.page_tokens
+        """A layer as [N, H, P, 2, D], or [N, P, D] for "latent" (a view: writes go to the
+        engine's memory)."""
+        P = self.page_tokens
         if self.kind == "fused":
             # The CPU kernel views each head's [P, 2D] as [2P, D]: K's P rows, then V's.
-            return layer.view(layer.shape[0], L.num_kv_heads, 2, P, L.head_dim).permute(
+            return layer.view(layer.shape[0], self.heads, 2, P, self.head_dim).permute(
                 0, 1, 3, 2, 4)
+        if self.kind == "flash":
+            return layer.permute(1, 3, 2, 0, 4)
+        if self.kind == "flashinfer":
+            return layer.permute(0, 3, 2, 1, 4)
+        if self.kind == "latent":
+            return layer[:, 0]
         return layer.permute(1, 2, 3, 0, 4)
+
+    def _block_view(self, sel: torch.Tensor, n: int) -> torch.Tensor:
+        """n blocks' kept pages (sel: pages() rows, block-major) in kvtier's order, [n, bytes]
+        of one layer."""
+        if self.kind == "latent":  # [n*keep, P, D]: tokens in order
+            out = sel
+        else:  # [n*keep, H, P, 2, D] -> [n, 2, keep, P, H, D]: K's tokens, then V's
+            H, P, D = sel.shape[1], sel.shape[2], sel.shape[4]
+            out = sel.view(n, self.keep, H, P, 2, D).permute(0, 4, 1, 3, 2, 5)
+        return out.contiguous().view(n, -1).view(torch.uint8)
+
+    def _check_ids(self, ids: torch.Tensor, what: str) -> None:
+        # Checked here: a bad index on a device would be an asynchronous device fault.
+        pages = self.layers[0].shape[1 if self.kind in ("split", "flash") else 0]
+        if len(ids) and (int(ids.min()) < -1 or int(ids.max()) >= pages):
+            raise ValueError(f"{what}: a page id outside -1..{pages - 1} "
+                             f"({int(ids.min())}..{int(ids.max())})")
+
+    def _torch_gather(self, page_ids, out: torch.Tensor) -> None:
+        ids = torch.as_tensor(page_ids, dtype=torch.long).flatten()
+        self._check_ids(ids, "gather")
+        n = len(ids) // self.keep
+        if n * self.keep != len(ids) or n > out.shape[0]:
+            raise ValueError(f"gather: {len(ids)} page ids for {out.shape[0]} blocks of "
+                             f"{self.keep} pages")
+        dev = self.layers[0].device
+        have = ids >= 0
+        idx = ids.clamp(min=0).to(dev)
+        blocks = torch.empty((n, len(self.layers) * self.layer_bytes), dtype=torch.uint8,
+                             device=dev)
+        for li, layer in enumerate(self.layers):
+            sel = self.pages(layer)[idx]
+            if not bool(have.all()):
+                sel[~have.to(dev)] = 0  # page -1: zeros, as the C++ kernels write
+            blocks[:, li * self.layer_bytes:(li + 1) * self.layer_bytes] = self._block_view(sel, n)
+        flat = out.reshape(out.shape[0], -1).view(torch.uint8)
+        flat[:n, self.offset:self.offset + blocks.shape[1]].copy_(blocks)
+
+    def _torch_scatter(self, src: torch.Tensor, page_ids, skip: int) -> None:
+        # page_ids name the blocks' pages from the skip-th on.
+        given = torch.as_tensor(page_ids, dtype=torch.long).flatten()
+        self._check_ids(given, "scatter")
+        ids = torch.cat([torch.full((skip,), -1, dtype=torch.long), given])
+        n = -(-len(ids) // self.keep)
+        if n > src.shape[0]:
+            raise ValueError(f"scatter: {len(given)} page ids past {skip} for {src.shape[0]} "
+                             f"blocks of {self.keep} pages")
+        ids = torch.cat([ids, torch.full((n * self.keep - len(ids),), -1, dtype=torch.long)])
+        have = (ids >= 0).nonzero().flatten()
+        if not len(have):
+            return
+        dev = self.layers[0].device
+        flat = src.reshape(src.shape[0], -1).view(torch.uint8)
+        blocks = flat[:n, self.offset:self.offset + len(self.layers) * self.layer_bytes].to(dev)
+        idx, rows = ids[have].to(dev), have.to(dev)
+        for li, layer in enumerate(self.layers):
+            view = self.pages(layer)
+            one = blocks[:, li * self.layer_bytes:(li + 1) * self.layer_bytes].contiguous()
+            typed = one.view(layer.dtype)
+            if self.kind == "latent":
+                pages = typed.view(n * self.keep, *view.shape[1:])
+            else:
+                _, H, P, _, D = view.shape
+                pages = typed.view(n, 2, self.keep, P, H, D).permute(0, 2, 4, 3, 1, 5).reshape(
+                    n * self.keep, H, P, 2, D)
+            view[idx] = pages[rows]
 
     def staging(self, n: int) -> torch.Tensor:
         """n kvtier blocks, [n, layers, 2, block_tokens, H, D]: kvtier's byte order."""
@@ -108,12 +201,16 @@ class PagedKv:
     def gather(self, page_ids, out: torch.Tensor) -> None:
         """out[i] <- pages page_ids[i*ratio:(i+1)*ratio] of every layer (kvtier.gather_pages:
         one C++ call for all blocks, GIL released). page_ids: a list of ints or an int tensor."""
+        if self.torch_copies:
+            return self._torch_gather(page_ids, out)
         kvtier.gather_pages(self.layers, page_ids, out, self.layout, self.page_tokens, self.kind,
                             self.group)
 
     def scatter(self, src: torch.Tensor, page_ids, skip: int = 0) -> None:
         """Pages page_ids <- src's pages from the skip-th on (src: [n, layers, 2, tokens, H, D];
         kvtier.scatter_pages); a negative page id is left unwritten."""
+        if self.torch_copies:
+            return self._torch_scatter(src, page_ids, skip)
         kvtier.scatter_pages(src, self.layers, page_ids, self.layout, self.page_tokens,
                              self.kind, skip, self.group)
 
@@ -160,7 +257,7 @@ class StatePages:
             part = flat[:, self._span(li)]
             if len(have) < len(ids):
                 part.zero_()
-            part[have] = rows[ids[have]]
+            part[have] = rows[ids[have].to(rows.device)].to(part.device)
 
     def scatter(self, src: torch.Tensor, page_ids) -> None:
         ids = torch.as_tensor(list(page_ids), dtype=torch.long)
@@ -169,7 +266,7 @@ class StatePages:
             return
         flat = src.view(src.shape[0], -1).view(torch.uint8)
         for li, rows in enumerate(self.rows):
-            rows[ids[have]] = flat[have][:, self._span(li)]
+            rows[ids[have].to(rows.device)] = flat[have][:, self._span(li)].to(rows.device)
 
 
 class GroupedPaged:
@@ -183,8 +280,9 @@ class GroupedPaged:
         self.kind = ",".join(p.kind for p in parts)
 
     def staging(self, n: int) -> torch.Tensor:
-        """n kvtier blocks as bytes."""
-        return torch.empty((n, self.layout.bytes_per_block), dtype=torch.uint8)
+        """n kvtier blocks as bytes (pinned where the pages are on CUDA: DMA both ways)."""
+        pin = any(p.layers[0].device.type == "cuda" for p in self.parts)
+        return torch.empty((n, self.layout.bytes_per_block), dtype=torch.uint8, pin_memory=pin)
 
     def records(self, blocks: torch.Tensor) -> torch.Tensor:
         """State records over staging blocks (state_blocks of them each): [records, bytes]."""
@@ -208,8 +306,20 @@ class GroupedPaged:
         pages, as scatter takes them; state groups are not written): one copy per block where
         the cache lends it in place, else through scratch (kvtier.load_pages). Returns how many
         leading blocks loaded."""
-        parts = [(p.layers, ids, p.page_tokens, p.kind, p.group)
-                 for p, ids in zip(self.parts, pages) if p.keep and p.kind != "state"]
+        kv = [(p, ids) for p, ids in zip(self.parts, pages) if p.keep and p.kind != "state"]
+        if any(p.torch_copies for p, _ in kv):
+            # Pages kvtier's kernels cannot write (a device's): through scratch, a chunk at once.
+            done, k = 0, scratch.shape[0]
+            while done < count:
+                m = min(k, count - done)
+                got = cache.load(hit, scratch[:m], first=done).loaded_blocks
+                for p, ids in kv:
+                    p.scatter(scratch[:got], ids[done * p.keep:(done + got) * p.keep])
+                done += got
+                if got < m:
+                    break
+            return done
+        parts = [(p.layers, ids, p.page_tokens, p.kind, p.group) for p, ids in kv]
         return kvtier.load_pages(cache, hit, 0, count, parts, scratch).loaded_blocks
 
     def gather_states(self, pages: list, records: torch.Tensor) -> None:
