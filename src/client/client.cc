@@ -305,6 +305,81 @@ struct LeaseHolder final : PinHandle::Holder {
   }
 };
 
+// Load's and LoadVisit's one path: blocks [first, first + n) of lookup's lease, those on SSD or
+// Redis staged into the arena by the daemon first, each handed to deliver(i, bytes in the
+// arena), which returns the bytes' Checksum64. A block whose checksum differs from its commit's
+// is a miss from there on, and the daemon is told so it drops it.
+Result<LoadResult> LoadFromArena(
+    Client::Impl& impl, const LookupResult& lookup, uint32_t first, uint32_t n, uint64_t bb,
+    const std::function<uint64_t(uint32_t, const std::byte*)>& deliver) {
+  LoadResult r;
+  r.block_status.assign(n, Status::Ok());
+  if (n == 0) return r;
+  auto* h = dynamic_cast<LeaseHolder*>(lookup.pins.holder());
+  auto refuse = [&](const std::string& why) {
+    ++impl.expired_loads_;
+    for (auto& s : r.block_status) s = Status::Unavailable(why);
+    return r;
+  };
+  if (!h || !h->arena) return refuse("Load: the lookup holds no lease");
+  if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired");
+  // Block i here is block first + i of the lease.
+  const uint64_t* offsets = h->offsets.data() + first;
+  const uint64_t* checksums = h->checksums.data() + first;
+  bool missing = false;
+  for (uint32_t i = 0; i < n; ++i) missing |= offsets[i] == serve::kNoOffset;
+  if (missing) {
+    // Blocks on SSD or Redis: the daemon stages them into the arena first.
+    std::vector<std::byte> reply;
+    Status s = impl.Call(
+        serve::MsgType::kLoad,
+        [&](Writer* w) {
+          w->U64(h->lease_id);
+          w->U32(first + n);
+        },
+        &reply, nullptr, nullptr, false, h->generation);
+    serve::LoadReply lr;
+    if (s.ok()) {
+      Reader rd(reply);
+      s = Client::Impl::ReplyStatus(&rd);
+      if (s.ok()) s = serve::DecodeLoadReply(&rd, &lr);
+    }
+    if (!s.ok()) return refuse("Load: " + s.message());
+    for (uint32_t i = first; i < first + n && i < lr.offsets.size(); ++i) {
+      h->offsets[i] = lr.offsets[i];
+      h->checksums[i] = lr.checksums[i];
+    }
+    if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired while staging");
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t off = offsets[i];
+    if (off == serve::kNoOffset || off + bb > h->arena->bytes) {
+      for (uint32_t j = i; j < n; ++j)
+        r.block_status[j] = Status::NotFound("block " + lookup.keys[first + j].ToHex() +
+                                             " could not be staged into the arena");
+      break;
+    }
+    const uint64_t sum = deliver(i, h->arena->base + off);
+    if (checksums[i] != 0 && sum != checksums[i]) {
+      ++impl.corrupt_blocks_;
+      for (uint32_t j = i; j < n; ++j)
+        r.block_status[j] = Status::Corruption("block " + lookup.keys[first + i].ToHex() +
+                                               " changed in the arena since its commit");
+      (void)impl.Call(
+          serve::MsgType::kBadBlock,
+          [&](Writer* w) {
+            w->U64(h->lease_id);
+            w->U32(first + i);
+          },
+          nullptr, nullptr, nullptr, /*one_way=*/true, h->generation);
+      break;
+    }
+    r.loaded_blocks = i + 1;
+    r.bytes += bb;
+  }
+  return r;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Client>> Client::Open(ClientOptions options) {
@@ -411,18 +486,6 @@ Result<LookupResult> Client::LookupKeys(std::span<const BlockKey> keys,
   return r;
 }
 
-namespace {
-
-// Load's and LoadVisit's one path: blocks [first, first + n) of lookup's lease, those on SSD or
-// Redis staged into the arena by the daemon first, each handed to deliver(i, bytes in the
-// arena), which returns the bytes' Checksum64. A block whose checksum differs from its commit's
-// is a miss from there on, and the daemon is told so it drops it.
-Result<LoadResult> LoadFromArena(
-    Client::Impl& impl, const LookupResult& lookup, uint32_t first, uint32_t n, uint64_t bb,
-    const std::function<uint64_t(uint32_t, const std::byte*)>& deliver);
-
-}  // namespace
-
 Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
                                 std::span<const MutableBlock> dst) {
   const uint64_t bb = impl_->opt_.layout.bytes_per_block();
@@ -435,8 +498,7 @@ Result<LoadResult> Client::Load(const LookupResult& lookup, uint32_t first,
       return Status::InvalidArgument("Load: buffer " + std::to_string(i) + " has " +
                                      std::to_string(dst[i].size()) + " bytes, a block has " +
                                      std::to_string(bb));
-  // Checked in the same pass as the copy (bytes changed since their commit: zeroed, punched,
-  // overwritten).
+  // Checked in the copy's pass (bytes zeroed, punched or overwritten since their commit).
   return LoadFromArena(
       *impl_, lookup, first, static_cast<uint32_t>(dst.size()), bb,
       [&](uint32_t i, const std::byte* src) { return CopyBlockChecksum(dst[i].data(), src, bb); });
@@ -455,82 +517,6 @@ Result<LoadResult> Client::LoadVisit(const LookupResult& lookup, uint32_t first,
     return Checksum64(std::span<const std::byte>(src, bb));
   });
 }
-
-namespace {
-
-Result<LoadResult> LoadFromArena(
-    Client::Impl& impl, const LookupResult& lookup, uint32_t first, uint32_t n, uint64_t bb,
-    const std::function<uint64_t(uint32_t, const std::byte*)>& deliver) {
-  LoadResult r;
-  r.block_status.assign(n, Status::Ok());
-  if (n == 0) return r;
-  auto* h = dynamic_cast<LeaseHolder*>(lookup.pins.holder());
-  auto refuse = [&](const std::string& why) {
-    ++impl.expired_loads_;
-    for (auto& s : r.block_status) s = Status::Unavailable(why);
-    return r;
-  };
-  if (!h || !h->arena) return refuse("Load: the lookup holds no lease");
-  if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired");
-  // Block i here is block first + i of the lease.
-  const uint64_t* offsets = h->offsets.data() + first;
-  const uint64_t* checksums = h->checksums.data() + first;
-  bool missing = false;
-  for (uint32_t i = 0; i < n; ++i) missing |= offsets[i] == serve::kNoOffset;
-  if (missing) {
-    // Blocks on SSD or Redis: the daemon stages them into the arena first (those before first
-    // that a chunk before this one staged are found there).
-    std::vector<std::byte> reply;
-    Status s = impl.Call(
-        serve::MsgType::kLoad,
-        [&](Writer* w) {
-          w->U64(h->lease_id);
-          w->U32(first + n);
-        },
-        &reply, nullptr, nullptr, false, h->generation);
-    serve::LoadReply lr;
-    if (s.ok()) {
-      Reader rd(reply);
-      s = Client::Impl::ReplyStatus(&rd);
-      if (s.ok()) s = serve::DecodeLoadReply(&rd, &lr);
-    }
-    if (!s.ok()) return refuse("Load: " + s.message());
-    for (uint32_t i = first; i < first + n && i < lr.offsets.size(); ++i) {
-      h->offsets[i] = lr.offsets[i];
-      h->checksums[i] = lr.checksums[i];
-    }
-    if (MonotonicNs() >= h->expires_ns) return refuse("Load: the lease expired while staging");
-  }
-  for (uint32_t i = 0; i < n; ++i) {
-    const uint64_t off = offsets[i];
-    if (off == serve::kNoOffset || off + bb > h->arena->bytes) {
-      for (uint32_t j = i; j < n; ++j)
-        r.block_status[j] = Status::NotFound("block " + lookup.keys[first + j].ToHex() +
-                                             " could not be staged into the arena");
-      break;
-    }
-    const uint64_t sum = deliver(i, h->arena->base + off);
-    if (checksums[i] != 0 && sum != checksums[i]) {
-      ++impl.corrupt_blocks_;
-      for (uint32_t j = i; j < n; ++j)
-        r.block_status[j] = Status::Corruption("block " + lookup.keys[first + i].ToHex() +
-                                               " changed in the arena since its commit");
-      (void)impl.Call(
-          serve::MsgType::kBadBlock,
-          [&](Writer* w) {
-            w->U64(h->lease_id);
-            w->U32(first + i);
-          },
-          nullptr, nullptr, nullptr, /*one_way=*/true, h->generation);
-      break;
-    }
-    r.loaded_blocks = i + 1;
-    r.bytes += bb;
-  }
-  return r;
-}
-
-}  // namespace
 
 Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
                                       std::span<const ConstBlock> blocks, uint32_t first_block,
