@@ -90,7 +90,7 @@ class AsyncStore::Impl {
       // The batch is in the store thread's hands. At SCHED_IDLE on busy CPUs (an engine's
       // threads spin between steps) each of its wakeups, a daemon's replies included, would
       // wait for an idle CPU while the engine's scheduler waits on it: it runs at the normal
-      // policy while anyone waits (measured in vLLM through a daemon: 4-12 ms of waiting).
+      // policy while anyone waits.
       if (!lifting) lifting = Lift();
       if (!cv_.WaitUntil(&mu_, deadline) && MonotonicNow() >= deadline) {
         done = !AnyPending(keys);
