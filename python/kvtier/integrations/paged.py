@@ -138,7 +138,7 @@ class PagedKv:
 
     def _check_ids(self, ids: torch.Tensor, what: str) -> None:
         # Checked here: a bad index on a device would be an asynchronous device fault.
-        pages = self.layers[0].shape[1 if self.kind in ("split", "flash") else 0]
+        pages = self.pages(self.layers[0]).shape[0]
         if len(ids) and (int(ids.min()) < -1 or int(ids.max()) >= pages):
             raise ValueError(f"{what}: a page id outside -1..{pages - 1} "
                              f"({int(ids.min())}..{int(ids.max())})")
@@ -151,14 +151,14 @@ class PagedKv:
             raise ValueError(f"gather: {len(ids)} page ids for {out.shape[0]} blocks of "
                              f"{self.keep} pages")
         dev = self.layers[0].device
-        have = ids >= 0
         idx = ids.clamp(min=0).to(dev)
+        absent = (ids < 0).to(dev) if bool((ids < 0).any()) else None
         blocks = torch.empty((n, len(self.layers) * self.layer_bytes), dtype=torch.uint8,
                              device=dev)
         for li, layer in enumerate(self.layers):
             sel = self.pages(layer)[idx]
-            if not bool(have.all()):
-                sel[~have.to(dev)] = 0  # page -1: zeros, as the C++ kernels write
+            if absent is not None:
+                sel[absent] = 0  # page -1: zeros, as the C++ kernels write
             blocks[:, li * self.layer_bytes:(li + 1) * self.layer_bytes] = self._block_view(sel, n)
         flat = out.reshape(out.shape[0], -1).view(torch.uint8)
         flat[:n, self.offset:self.offset + blocks.shape[1]].copy_(blocks)
