@@ -1,6 +1,5 @@
 #include "kvtier/client.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,10 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#ifdef KVTIER_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
+#include "client/arena.h"
 #include "common/clock.h"
 #include "common/copy.h"
 #include "common/mutex.h"
@@ -45,29 +41,6 @@ Status ClientOptions::Validate() const {
 }
 
 namespace {
-
-// The daemon's arena as this process maps it; unmapped when the last user lets go, so a copy
-// in flight survives a reconnect.
-struct Arena {
-  std::byte* base = nullptr;
-  size_t bytes = 0;
-  bool pinned = false;
-  // With CUDA, the mapping is registered as pinned memory so device copies are DMA.
-  void Pin() {
-#ifdef KVTIER_HAVE_CUDA
-    if (cudaHostRegister(base, bytes, cudaHostRegisterDefault) == cudaSuccess)
-      pinned = true;
-    else
-      (void)cudaGetLastError();
-#endif
-  }
-  ~Arena() {
-#ifdef KVTIER_HAVE_CUDA
-    if (pinned) cudaHostUnregister(base);
-#endif
-    if (base) munmap(base, bytes);
-  }
-};
 
 // One live connection.
 struct Conn {
@@ -150,15 +123,10 @@ class Client::Impl {
     }
     if (data_plane_) {
       if (arena_fd < 0) return fail(Status::Unavailable("hello reply carried no arena"));
-      void* p = mmap(nullptr, c.hello.arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd, 0);
+      auto arena = MapArena(arena_fd, c.hello.arena_bytes);
       close(arena_fd);
-      if (p == MAP_FAILED)
-        return fail(Status::Unavailable(std::string("cannot map the daemon's arena: ") +
-                                        std::strerror(errno)));
-      c.arena = std::make_shared<Arena>();
-      c.arena->base = static_cast<std::byte*>(p);
-      c.arena->bytes = c.hello.arena_bytes;
-      c.arena->Pin();
+      if (!arena.ok()) return fail(arena.status());
+      c.arena = std::move(arena).value();
     } else if (arena_fd >= 0) {
       close(arena_fd);
     }
@@ -173,6 +141,7 @@ class Client::Impl {
     conn_ = std::move(c);
     connected_ = true;
     ++connects_;
+    Warm(conn_.arena, conn_.hello.warm);
   }
 
   // Drops the connection (caller holds mu_): its leases are gone with it.
@@ -185,6 +154,12 @@ class Client::Impl {
     connected_ = false;
     ++disconnects_;
     cv_.SignalAll();
+  }
+
+  // The daemon's slots this client writes next: faulted in ahead (pinned, they are already).
+  void Warm(const std::shared_ptr<Arena>& arena, std::span<const uint64_t> offsets) {
+    if (arena && !arena->pinned)
+      warmer_.Add(arena, arena->base, arena->bytes, offsets, opt_.layout.bytes_per_block());
   }
 
   void StartReconnector() {
@@ -283,6 +258,7 @@ class Client::Impl {
   CondVar cv_;     // the connection dropped, or closing (waited on under wait_mu_)
   bool closing_ KVTIER_GUARDED_BY(wait_mu_) = false;
   std::thread reconnector_;
+  ArenaWarmer warmer_;  // last: stopped first, while the rest is still there
 };
 
 namespace {
@@ -435,6 +411,7 @@ ClientStats Client::client_stats() const {
   s.dropped_stores = impl_->dropped_stores_;
   s.dropped_blocks = impl_->dropped_blocks_;
   s.expired_loads = impl_->expired_loads_;
+  s.warmed_bytes = impl_->warmer_.warmed_bytes();
   s.corrupt_blocks = impl_->corrupt_blocks_;
   return s;
 }
@@ -566,6 +543,7 @@ Result<StoreResult> Client::StoreKeys(std::span<const BlockKey> keys,
     Reader rd(reply);
     s = Impl::ReplyStatus(&rd);
     if (s.ok()) s = serve::DecodeReserveReply(&rd, &rr);
+    if (s.ok()) impl_->Warm(arena, rr.warm);
   }
   if (s.code() == StatusCode::kInvalidArgument) return s;
   if (!s.ok() || rr.state.size() != keys.size())

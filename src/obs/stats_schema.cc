@@ -125,6 +125,9 @@ constexpr std::array kStatFields = {
     Serve("corrupt_blocks", kCounter, "blocks", "kvtier_serve_corrupt_blocks_total",
           "Blocks a client found corrupt that the daemon checked and dropped",
           [](ServeCounters* c) { return &c->corrupt_blocks; }),
+    Serve("warm_claimed_blocks", kCounter, "blocks", "kvtier_serve_warm_claimed_blocks_total",
+          "Free arena slots claimed ahead for tenants, whose clients fault them in early",
+          [](ServeCounters* c) { return &c->warm_claimed_blocks; }),
 };
 
 constexpr std::array kStatHistograms = {

@@ -247,6 +247,7 @@ void EncodeHelloReply(const HelloReply& m, Writer* w) {
   w->Key(m.root);
   w->Str(m.tenant);
   w->U8(m.events ? 1 : 0);
+  EncodeU64s(m.warm, w);
 }
 
 Status DecodeHelloReply(Reader* r, HelloReply* m) {
@@ -259,6 +260,7 @@ Status DecodeHelloReply(Reader* r, HelloReply* m) {
   uint8_t events = 0;
   r->U8(&events);
   m->events = events != 0;
+  DecodeU64s(r, &m->warm);
   return r->Done("hello reply");
 }
 
@@ -384,12 +386,14 @@ void EncodeReserveReply(const ReserveReply& m, Writer* w) {
   w->U64(m.reservation_id);
   EncodeBytes(m.state, w);
   EncodeU64s(m.offsets, w);
+  EncodeU64s(m.warm, w);
 }
 
 Status DecodeReserveReply(Reader* r, ReserveReply* m) {
   r->U64(&m->reservation_id);
   DecodeBytes(r, &m->state);
   DecodeU64s(r, &m->offsets);
+  DecodeU64s(r, &m->warm);
   if (r->ok() && m->state.size() != m->offsets.size())
     return Status::InvalidArgument("reserve reply: states and offsets differ in count");
   return r->Done("reserve reply");

@@ -30,7 +30,7 @@ namespace kvtier::serve {
 //    reserve carries the storing request's session id.
 // 3: declined (the engine's planner recomputed hit blocks rather than load them).
 // 5: hello's layout carries its groups (grouped layouts: hybrid, sliding-window, MLA).
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 inline constexpr uint32_t kMagic = 0x5354564b;  // "KVTS"
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayload = 32u << 20;
@@ -146,6 +146,9 @@ struct HelloReply {
   BlockKey root;  // the connection's namespace root (client-side key chains start here)
   std::string tenant;
   bool events = false;  // the daemon publishes KV events: reserves may carry engine hashes
+  // Offsets of free slots this connection's tenant is handed next (serve.warm_ahead): the
+  // client faults their pages in ahead of its stores. Also in reserve replies.
+  std::vector<uint64_t> warm;
 };
 
 struct Scope {  // a request's namespace; empty = the connection's
@@ -188,6 +191,7 @@ struct ReserveReply {
   uint64_t reservation_id = 0;  // 0 = nothing reserved
   std::vector<uint8_t> state;   // SlotState per key
   std::vector<uint64_t> offsets;
+  std::vector<uint64_t> warm;  // as HelloReply::warm
 };
 
 struct CommitReq {

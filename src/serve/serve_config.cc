@@ -206,7 +206,8 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
                                     "frame_timeout_ms",
                                     "max_tenants",
                                     "max_tenants_per_uid",
-                                    "default_max_share"}));
+                                    "default_max_share",
+                                    "warm_ahead"}));
   if (n["socket"]) {
     KVTIER_ASSIGN_OR_RETURN(o.socket_path, Str(src, n["socket"], "serve.socket"));
   }
@@ -252,6 +253,12 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   KVTIER_RETURN_IF_ERROR(UintIn(src, n, "max_tenants_per_uid", 1, 4096, &o.max_tenants_per_uid));
   KVTIER_RETURN_IF_ERROR(
       Share(src, n["default_max_share"], "serve.default_max_share", &o.default_max_share));
+  if (n["warm_ahead"]) {
+    KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["warm_ahead"], "serve.warm_ahead"));
+    auto bytes = ParseByteSize(v);
+    if (!bytes.ok()) return Error(src, n["warm_ahead"], "serve.warm_ahead", bytes.status().message());
+    o.warm_ahead_bytes = *bytes;
+  }
   if (n["tenants"]) {
     KVTIER_ASSIGN_OR_RETURN(o.tenants, Tenants(src, n["tenants"]));
   }

@@ -54,6 +54,10 @@ struct ServeOptions {
   uint32_t max_tenants_per_uid = 8;  // of those, unlisted tenants one uid may open
   // Every tenant not in `tenants`: the same bounds.
   double default_max_share = 1.0;
+  // Arena bytes not yet handed to anyone that a tenant's client is told it gets next, so it
+  // faults their pages in off its stores' path (fresh pages fault per 4 KiB page when a store
+  // first writes them); claimed again when half are used. 0: off.
+  uint64_t warm_ahead_bytes = uint64_t{256} << 20;
   // OK, or InvalidArgument naming the key ("metrics_addr: ...").
   Status Validate() const;
 };

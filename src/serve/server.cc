@@ -21,6 +21,7 @@ BlockKey InternalKey(const BlockKey& client_key, const BlockKey& root, uint32_t 
 Status Server::Impl::Bind() {
   socket_path_ = options_.socket_path.empty() ? DefaultSocketPath() : options_.socket_path;
   lease_ms_ = options_.lease_ms;
+  warm_ahead_bytes_ = options_.warm_ahead_bytes;
   verify_commit_ = options_.verify_commit;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -308,6 +309,7 @@ ServeCounters Server::Impl::Counters() const {
   s.disconnects = bad_frames_;
   s.pid = static_cast<uint64_t>(getpid());
   s.corrupt_blocks = corrupt_loads_.load();
+  s.warm_claimed_blocks = warm_claimed_blocks_.load();
   return s;
 }
 
@@ -355,6 +357,7 @@ std::vector<std::string> Server::Impl::Reload(const CacheOptions& cache,
   options_ = options;
   options_.socket_path = socket;
   lease_ms_ = options.lease_ms;
+  warm_ahead_bytes_ = options.warm_ahead_bytes;
   verify_commit_ = options.verify_commit;
   return kept;
 }

@@ -118,6 +118,7 @@ Status Server::Impl::OnHello(Conn* c, std::span<const std::byte> in, Writer* w, 
   }
   r.tenant = c->tenant;
   r.events = cache_->WantsEngineHashes();
+  if (c->data_plane) ClaimAhead(*c, &r.warm);
   EncodeHelloReply(r, w);
   *pass_fd = c->data_plane;
   spdlog::info("{}: hello: model '{}' rev '{}', tenant '{}', lora '{}'{}", c->Name(), h.model_id,
@@ -231,6 +232,13 @@ Status Server::Impl::OnLoad(Conn* c, std::span<const std::byte> in, Writer* w) {
   return Status::Ok();
 }
 
+void Server::Impl::ClaimAhead(const Conn& c, std::vector<uint64_t>* warm) {
+  const uint64_t bytes = warm_ahead_bytes_.load(std::memory_order_relaxed);
+  if (bytes == 0 || c.partition <= 0) return;
+  const size_t got = host_->ClaimAhead(c.partition, bytes / host_->SlotOffset(1), warm);
+  if (got > 0) warm_claimed_blocks_.fetch_add(got, std::memory_order_relaxed);
+}
+
 Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w) {
   ReserveReq m;
   KVTIER_RETURN_IF_ERROR(DecodeReserve(in, &m));
@@ -279,6 +287,7 @@ Status Server::Impl::OnReserve(Conn* c, std::span<const std::byte> in, Writer* w
     c->reservations.emplace(r.reservation_id, std::move(res));
     ++reservations_now_;
   }
+  ClaimAhead(*c, &r.warm);
   EncodeReserveReply(r, w);
   return Status::Ok();
 }

@@ -104,6 +104,9 @@ class Server::Impl {
   Status OnLookup(Conn* c, Writer* w);
   Status OnLoad(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnReserve(Conn* c, std::span<const std::byte> in, Writer* w);
+  // Free slots c's tenant gets next, claimed for it while it has fewer than half of
+  // serve.warm_ahead: their offsets into *warm (the client faults them in).
+  void ClaimAhead(const Conn& c, std::vector<uint64_t>* warm);
   Status OnCommit(Conn* c, std::span<const std::byte> in, Writer* w);
   Status OnPrefetch(Conn* c, Writer* w);
   // Offsets of lr's first n blocks, staging those below the arena into it first; from the
@@ -146,6 +149,8 @@ class Server::Impl {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> refused_{0}, bad_frames_{0}, leases_now_{0}, reservations_now_{0};
   std::atomic<uint64_t> corrupt_loads_{0};
+  std::atomic<uint64_t> warm_ahead_bytes_{0};
+  std::atomic<uint64_t> warm_claimed_blocks_{0};  // slots claimed ahead for tenants, in all
   mutable Mutex tenants_mu_;
   struct TenantSeen {
     std::string declared;

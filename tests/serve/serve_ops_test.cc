@@ -140,14 +140,14 @@ TEST(ServeOpsTest, GroupedLayoutClientIsServedOrRefusedNamingBothLayouts) {
 
 // A peer of the previous protocol is refused by version, the message naming both.
 TEST(ServeOpsTest, PreviousProtocolVersionIsRefusedNamingBoth) {
-  static_assert(serve::kProtocolVersion == 5);
+  static_assert(serve::kProtocolVersion == 6);
   TempDir dir;
   Daemon d(dir.path(), Config());
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   Raw raw(d.socket());
-  const Status s = raw.Hello(4);
+  const Status s = raw.Hello(5);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("the client speaks version 4, this daemon speaks version 5"),
+  EXPECT_NE(s.message().find("the client speaks version 5, this daemon speaks version 6"),
             std::string::npos)
       << s.message();
 }

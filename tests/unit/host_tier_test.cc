@@ -311,5 +311,72 @@ TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
   EXPECT_NE(ftruncate(fb, static_cast<off_t>(tier.arena_bytes()) * 2), 0);
 }
 
+// Claimed slots come after the ones a partition freed itself, lowest first, only from slots
+// nobody was handed yet, within the partition's bounds; another partition may still take them,
+// and then their pages leave the claimer's memfd.
+TEST(HostTierSharedTest, ClaimAheadHandsAPartitionUntouchedSlotsNextLowestFirst) {
+  HostTierOptions o;
+  o.capacity_bytes = 8 * SmallLayout().bytes_per_block();
+  o.shared = true;
+  o.max_partitions = 2;
+  auto t = HostTier::Open(SmallLayout(), o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  HostTier& tier = **t;
+  const int a = *tier.AddPartition(0xA, "a"), b = *tier.AddPartition(0xB, "b");
+  auto offsets = [&](std::initializer_list<uint32_t> slots) {
+    std::vector<uint64_t> v;
+    for (uint32_t s : slots) v.push_back(tier.SlotOffset(s));
+    return v;
+  };
+  std::vector<uint64_t> warm;
+  EXPECT_EQ(tier.ClaimAhead(0, 4, &warm), 0u);  // partition 0 serves no writer
+  EXPECT_EQ(tier.ClaimAhead(a, 4, &warm), 4u);
+  EXPECT_EQ(warm, offsets({0, 1, 2, 3}));
+  EXPECT_EQ(tier.ClaimAhead(a, 4, &warm), 0u);  // half or more still free: no claim
+  std::vector<uint32_t> got;
+  ASSERT_EQ(tier.ReserveSlots(a, 3, &got), 3u);
+  EXPECT_EQ(got, (std::vector<uint32_t>{0, 1, 2}));
+  warm.clear();
+  EXPECT_EQ(tier.ClaimAhead(a, 4, &warm), 3u);  // one left: topped up to 4
+  EXPECT_EQ(warm, offsets({4, 5, 6}));
+  tier.ReleaseSlots(std::span<const uint32_t>(&got[2], 1));  // A frees slot 2: handed first
+  got.clear();
+  ASSERT_EQ(tier.ReserveSlots(a, 5, &got), 5u);
+  EXPECT_EQ(got, (std::vector<uint32_t>{2, 3, 4, 5, 6}));
+  EXPECT_EQ(tier.usage(a).held, 7u);
+  tier.SetBounds(b, HostTier::Bounds{0, 0});  // B may hold nothing: nothing claimed for it
+  warm.clear();
+  EXPECT_EQ(tier.ClaimAhead(b, 4, &warm), 0u);
+  tier.SetBounds(b, HostTier::Bounds{});
+  EXPECT_EQ(tier.ClaimAhead(b, 4, &warm), 1u);  // the last untouched slot
+  EXPECT_EQ(warm, offsets({7}));
+  warm.clear();
+  EXPECT_EQ(tier.ClaimAhead(b, 4, &warm), 0u);  // none untouched left; A's are not taken
+  EXPECT_TRUE(warm.empty());
+}
+
+TEST(HostTierSharedTest, AClaimedSlotTakenByAnotherPartitionLeavesTheClaimersMemfd) {
+  HostTierOptions o;
+  o.capacity_bytes = 2 * SmallLayout().bytes_per_block();
+  o.shared = true;
+  o.max_partitions = 2;
+  auto t = HostTier::Open(SmallLayout(), o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  HostTier& tier = **t;
+  const int a = *tier.AddPartition(0xA, "a"), b = *tier.AddPartition(0xB, "b");
+  std::vector<uint64_t> warm;
+  ASSERT_EQ(tier.ClaimAhead(a, 2, &warm), 2u);
+  // A's client faults the claimed slots in (here: writes them).
+  const std::vector<std::byte> mark = MakeBlock(tier.block_bytes(), 7);
+  for (uint64_t off : warm)
+    ASSERT_EQ(pwrite(tier.partition_fd(a), mark.data(), mark.size(), static_cast<off_t>(off)),
+              static_cast<ssize_t>(mark.size()));
+  ASSERT_TRUE(MemfdHolds(tier.partition_fd(a), tier.arena_bytes(), mark));
+  std::vector<uint32_t> got;
+  ASSERT_EQ(tier.ReserveSlots(b, 2, &got), 2u);  // B's stores take A's claimed (free) slots
+  EXPECT_FALSE(MemfdHolds(tier.partition_fd(a), tier.arena_bytes(), mark));
+  EXPECT_EQ(tier.usage(b).held, 2u);
+}
+
 }  // namespace
 }  // namespace kvtier

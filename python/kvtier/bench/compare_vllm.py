@@ -240,7 +240,7 @@ class Harness:
         self.layout_yaml = layout_yaml(self.layout)
         w = compare_workloads.build(a.traces, turns=a.turns, sessions=not a.smoke,
                                     short_sessions=4 if a.smoke else 8,
-                                    no_reuse=3 if a.smoke else 6)
+                                    no_reuse=3 if a.smoke else 12)
         self.workloads = w
         self.workloads_path = os.path.join(self.out, "workloads.json")
         with open(self.workloads_path, "w") as f:
@@ -482,7 +482,7 @@ def main(argv=None):
     ap.add_argument("--block-tokens", type=int, default=32,
                     help="every offload's block (kvtier block_tokens, LMCache chunk, vLLM "
                          "offloading block): a multiple of vLLM's block (32)")
-    ap.add_argument("--turns", type=int, default=3, help="turns per conversation session")
+    ap.add_argument("--turns", type=int, default=4, help="turns per conversation session")
     ap.add_argument("--traces", default=os.environ.get("KVTIER_TRACES"),
                     help="shared/traces (default: ../shared/traces from the current folder)")
     ap.add_argument("--smoke", action="store_true",

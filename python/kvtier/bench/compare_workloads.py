@@ -18,8 +18,9 @@ import glob
 import json
 import os
 
-# Final prompt length of each conversation session (tokens): one per reused-prefix bucket.
-AGENTX_TARGETS = [5000, 3000]
+# Final prompt length of each conversation session (tokens). With 4 turns a round has 3 to 6
+# resumed turns in each bucket from 512 tokens: one turn alone would decide a bucket's median.
+AGENTX_TARGETS = [6000, 5000, 3500, 2500]
 MOONCAKE_TARGETS = [1800, 900]
 OUT_MIN, OUT_MAX = 4, 16  # generated tokens per turn, after scaling
 
@@ -115,7 +116,7 @@ def no_reuse_lengths(trace_dir, n, lo=512, hi=2048):
     return out
 
 
-def build(trace_dir, turns=3, short_sessions=8, no_reuse=6, sessions=True):
+def build(trace_dir, turns=4, short_sessions=8, no_reuse=12, sessions=True):
     """All three workloads as one JSON-able dict (token ids are drawn by the child from seeds).
     sessions=False leaves the conversation workload out (the smoke run)."""
     conv = []

@@ -241,18 +241,43 @@ uint32_t HostTier::TakeSlot(int p) {
       slot = f.back();
       f.pop_back();
     }
-    if (shared_ && owner_[slot] != p) {
-      // The slot's pages leave the old owner's memfd, under the lock so that no later owner's
-      // bytes can be punched by a late call. Best effort: pages that stay cost memory, never
-      // isolation (the new owner's bytes go to its own memfd).
-      (void)fallocate(parts_[owner_[slot]].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      static_cast<off_t>(SlotOffset(slot)), static_cast<off_t>(stride_));
-      owner_[slot] = static_cast<uint16_t>(p);
-    }
+    if (shared_ && owner_[slot] != p) GiveSlot(slot, p);
   }
   --free_count_;
   ++held_[p];
   return slot;
+}
+
+void HostTier::GiveSlot(uint32_t slot, int p) {
+  // The slot's pages leave the old owner's memfd, under the lock so that no later owner's
+  // bytes can be punched by a late call. Best effort: pages that stay cost memory, never
+  // isolation (the new owner's bytes go to its own memfd).
+  (void)fallocate(parts_[owner_[slot]].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(SlotOffset(slot)), static_cast<off_t>(stride_));
+  owner_[slot] = static_cast<uint16_t>(p);
+}
+
+size_t HostTier::ClaimAhead(int p, size_t want, std::vector<uint64_t>* offsets) {
+  WriterLock lock(&mu_);
+  if (!shared_ || p <= 0 || p >= num_parts_.load(std::memory_order_relaxed)) return 0;
+  if (held_[p] < bounds_[p].max_slots)
+    want = static_cast<size_t>(std::min<uint64_t>(want, bounds_[p].max_slots - held_[p]));
+  else
+    want = 0;
+  // Below half of want, topped up to want: one claim per many stores, not one per store.
+  if (free_[p].size() * 2 >= want) return 0;
+  const size_t n = std::min(want - free_[p].size(), free_[0].size());
+  if (n == 0) return 0;
+  // Handed out after the slots p freed itself (those are faulted in already), lowest first.
+  std::vector<uint32_t> claimed(free_[0].end() - static_cast<std::ptrdiff_t>(n), free_[0].end());
+  free_[0].resize(free_[0].size() - n);
+  for (uint32_t slot : claimed) {
+    GiveSlot(slot, p);
+    offsets->push_back(SlotOffset(slot));
+  }
+  std::reverse(offsets->end() - static_cast<std::ptrdiff_t>(n), offsets->end());
+  free_[p].insert(free_[p].begin(), claimed.begin(), claimed.end());
+  return n;
 }
 
 void HostTier::FreeSlot(uint32_t slot) {

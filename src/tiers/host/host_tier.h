@@ -115,6 +115,12 @@ class HostTier final : public Tier {
   size_t ReserveSlots(int p, size_t n, std::vector<uint32_t>* out);
   // Returns reserved slots unpublished.
   void ReleaseSlots(std::span<const uint32_t> slots);
+  // Shared arena only. Moves free slots nobody was handed yet (partition 0's) to partition p,
+  // to be handed to p after the slots it freed itself, so that p's writer can fault their
+  // pages in before it needs them; appends their offsets in the order p gets them. Claims only
+  // when p has fewer than want / 2 free slots, then up to want (within p's max_slots); returns
+  // how many. Claimed slots stay free: another partition may still take them.
+  size_t ClaimAhead(int p, size_t want, std::vector<uint64_t>* offsets);
   // Makes reserved slot[i] resident as keys[i]. published[i] = false when the key was already
   // resident (the slot went back to the free list and the old copy stays).
   void PublishSlots(std::span<const BlockKey> keys, std::span<const uint32_t> slots,
@@ -152,6 +158,8 @@ class HostTier final : public Tier {
   // Takes a free slot for partition p (its own freed slots first, else another's, whose
   // pages are punched out of the old owner); kNoSlot when none.
   uint32_t TakeSlot(int p) KVTIER_REQUIRES(mu_);
+  // Free slot `slot` to partition p: punched out of its old owner's memfd.
+  void GiveSlot(uint32_t slot, int p) KVTIER_REQUIRES(mu_);
   void FreeSlot(uint32_t slot) KVTIER_REQUIRES(mu_);
   Usage UsageLocked(int p) const KVTIER_REQUIRES_SHARED(mu_);
   int PartOf(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {

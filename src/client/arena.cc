@@ -1,0 +1,149 @@
+#include "client/arena.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "common/clock.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+
+namespace kvtier {
+
+Arena::~Arena() {
+#ifdef KVTIER_HAVE_CUDA
+  if (pinned) cudaHostUnregister(base);
+#endif
+  if (base) munmap(base, bytes);
+}
+
+Result<std::shared_ptr<Arena>> MapArena(int fd, size_t bytes) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0)
+    return Status::Unavailable(std::string("cannot stat the daemon's arena: ") +
+                               std::strerror(errno));
+  // By file identity: a restarted daemon's memfd is another file, and gets its own mapping.
+  static std::mutex mu;
+  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<Arena>> mapped;
+  std::lock_guard<std::mutex> lock(mu);
+  std::erase_if(mapped, [](const auto& e) { return e.second.expired(); });
+  auto& slot = mapped[{st.st_dev, st.st_ino}];
+  if (auto a = slot.lock(); a && a->bytes == bytes) return a;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED)
+    return Status::Unavailable(std::string("cannot map the daemon's arena: ") +
+                               std::strerror(errno));
+  auto a = std::make_shared<Arena>();
+  a->base = static_cast<std::byte*>(p);
+  a->bytes = bytes;
+#ifdef KVTIER_HAVE_CUDA
+  if (cudaHostRegister(a->base, bytes, cudaHostRegisterDefault) == cudaSuccess)
+    a->pinned = true;
+  else
+    (void)cudaGetLastError();
+#endif
+  slot = a;
+  return a;
+}
+
+ArenaWarmer::~ArenaWarmer() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  if (thread_.joinable()) thread_.join();
+}
+
+void ArenaWarmer::Add(std::shared_ptr<const void> keep, std::byte* base, size_t bytes,
+                      std::span<const uint64_t> offsets, size_t span) {
+  if (offsets.empty() || span == 0) return;
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  MutexLock lock(&mu_);
+  if (stop_ || unsupported_) return;
+  if (base != base_) {
+    queue_.clear();
+    keep_ = std::move(keep);
+    base_ = base;
+  }
+  for (uint64_t off : offsets) {
+    if (off >= bytes) continue;
+    const size_t begin = off / page * page;
+    const size_t end = std::min<size_t>(bytes, (off + span + page - 1) / page * page);
+    // Slots the daemon claims in a run are adjacent: one range, so one call per 2 MiB.
+    if (!queue_.empty() && queue_.back().end == begin)
+      queue_.back().end = end;
+    else
+      queue_.push_back({begin, end});
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  cv_.SignalAll();
+}
+
+bool ArenaWarmer::WaitIdle(std::chrono::milliseconds timeout) {
+  const auto deadline = MonotonicClock::now() + timeout;
+  MutexLock lock(&mu_);
+  while (!queue_.empty() || busy_)
+    if (!cv_.WaitUntil(&mu_, deadline)) return queue_.empty() && !busy_;
+  return true;
+}
+
+void ArenaWarmer::Run() {
+  sched_param p{};
+  (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+  constexpr size_t kChunk = size_t{2} << 20;
+  for (;;) {
+    size_t begin = 0, end = 0;
+    std::byte* base = nullptr;
+    std::shared_ptr<const void> keep;  // the mapping outlives the call
+    {
+      MutexLock lock(&mu_);
+      while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+      if (stop_) return;
+      begin = queue_.front().begin;
+      end = std::min(queue_.front().end, begin + kChunk);
+      base = base_;
+      keep = keep_;
+      busy_ = true;
+    }
+    const bool ok = madvise(base + begin, end - begin, MADV_POPULATE_WRITE) == 0;
+    const int err = errno;
+    {
+      MutexLock lock(&mu_);
+      busy_ = false;
+      if (ok) warmed_bytes_.fetch_add(end - begin, std::memory_order_relaxed);
+      if (!ok && err == EINVAL) {  // the kernel cannot: stop for good
+        unsupported_ = true;
+        queue_.clear();
+      } else if (base == base_ && !queue_.empty() && queue_.front().begin == begin) {
+        // Past this chunk (a failed one too: a later store faults it in, as without warming).
+        if (end >= queue_.front().end)
+          queue_.erase(queue_.begin());
+        else
+          queue_.front().begin = end;
+      }
+      if (queue_.empty()) {  // nothing holds the mapping for us any more
+        keep_.reset();
+        base_ = nullptr;
+      }
+    }
+    cv_.SignalAll();
+  }
+}
+
+}  // namespace kvtier
