@@ -58,17 +58,20 @@ struct ClientStats {
   uint64_t dropped_blocks = 0;
   uint64_t expired_loads = 0;   // Loads refused: lease lost or expired
   uint64_t corrupt_blocks = 0;  // blocks whose arena bytes failed their checksum (recomputed)
+  // Arena bytes faulted in ahead of this client's stores (serve.warm_ahead), in the background.
+  uint64_t warmed_bytes = 0;
 };
 
 // The daemon's own counters, beside its cache's (the stats schema, src/obs/stats_schema.h).
 struct ServeCounters {
   uint64_t pid = 0;
-  uint64_t clients = 0;         // connections now
-  uint64_t leases = 0;          // pinned lookups now
-  uint64_t reservations = 0;    // stores between reserve and commit now
-  uint64_t refused = 0;         // hellos refused (version, layout, credentials)
-  uint64_t disconnects = 0;     // connections closed for a protocol error
-  uint64_t corrupt_blocks = 0;  // blocks clients reported corrupt that the daemon dropped
+  uint64_t clients = 0;              // connections now
+  uint64_t leases = 0;               // pinned lookups now
+  uint64_t reservations = 0;         // stores between reserve and commit now
+  uint64_t refused = 0;              // hellos refused (version, layout, credentials)
+  uint64_t disconnects = 0;          // connections closed for a protocol error
+  uint64_t corrupt_blocks = 0;       // blocks clients reported corrupt that the daemon dropped
+  uint64_t warm_claimed_blocks = 0;  // free slots claimed ahead for tenants (serve.warm_ahead)
 };
 
 // The daemon's view: its own counters and its cache's stats (kvtier status).

@@ -499,6 +499,7 @@ void RegisterClient(nb::module_& m) {
              d["dropped_blocks"] = s.dropped_blocks;
              d["expired_loads"] = s.expired_loads;
              d["corrupt_blocks"] = s.corrupt_blocks;
+             d["warmed_bytes"] = s.warmed_bytes;
              return d;
            })
       .def("daemon_stats",

@@ -2,43 +2,20 @@
 
 #include <bit>
 #include <cstddef>
+#include <iterator>
 
 #include "obs/stats_schema.h"
 
 namespace kvtier::serve {
 
 std::string_view MsgTypeName(uint16_t type) {
-  switch (static_cast<MsgType>(type & ~kReplyBit)) {
-    case MsgType::kHello:
-      return "hello";
-    case MsgType::kLookup:
-      return "lookup";
-    case MsgType::kLoad:
-      return "load";
-    case MsgType::kRelease:
-      return "release";
-    case MsgType::kReserve:
-      return "reserve";
-    case MsgType::kCommit:
-      return "commit";
-    case MsgType::kSession:
-      return "session";
-    case MsgType::kStats:
-      return "stats";
-    case MsgType::kPing:
-      return "ping";
-    case MsgType::kFlush:
-      return "flush";
-    case MsgType::kDropTenant:
-      return "drop-tenant";
-    case MsgType::kPrefetch:
-      return "prefetch";
-    case MsgType::kBadBlock:
-      return "bad-block";
-    case MsgType::kDeclined:
-      return "declined";
-  }
-  return "unknown";
+  // By MsgType's value, from 1.
+  static constexpr std::string_view kNames[] = {
+      "hello", "lookup", "load",  "release",     "reserve",  "commit",    "session",
+      "stats", "ping",   "flush", "drop-tenant", "prefetch", "bad-block", "declined"};
+  static_assert(std::size(kNames) == static_cast<size_t>(MsgType::kDeclined), "a name per type");
+  const unsigned t = type & ~kReplyBit;
+  return t >= 1 && t <= std::size(kNames) ? kNames[t - 1] : "unknown";
 }
 
 void EncodeHeader(const FrameHeader& h, std::byte out[kHeaderBytes]) {

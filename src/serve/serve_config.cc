@@ -256,7 +256,8 @@ Result<ServeOptions> ParseServe(std::string_view src, const YAML::Node& n) {
   if (n["warm_ahead"]) {
     KVTIER_ASSIGN_OR_RETURN(std::string v, Str(src, n["warm_ahead"], "serve.warm_ahead"));
     auto bytes = ParseByteSize(v);
-    if (!bytes.ok()) return Error(src, n["warm_ahead"], "serve.warm_ahead", bytes.status().message());
+    if (!bytes.ok())
+      return Error(src, n["warm_ahead"], "serve.warm_ahead", bytes.status().message());
     o.warm_ahead_bytes = *bytes;
   }
   if (n["tenants"]) {

@@ -85,8 +85,7 @@ TEST(ServeStoreLaneTest, ClientsOfATenantShareOneMappingWarmedAheadOfTheirStores
   // Shared-arena slots start on pages: the claim counts them.
   const auto page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t stride = (bb + page - 1) / page * page;
-  Daemon d(dir.path(),
-           Config(256, "", "  warm_ahead: " + std::to_string(ahead * stride) + "\n"));
+  Daemon d(dir.path(), Config(256, "", "  warm_ahead: " + std::to_string(ahead * stride) + "\n"));
   ASSERT_TRUE(d.Start().ok()) << d.Log();
   const uint64_t shmem0 = RssShmemBytes();
   auto c = Client::Open(Opts(d));
