@@ -31,6 +31,13 @@ def test_two_clients_share_blocks_through_the_daemon(daemon):
     reader = kvtier.Client.connect(LAYOUT, socket=daemon.socket, model_id="m",
                                    model_revision="r1")
     assert writer.wait_connected(5000) and reader.wait_connected(5000)
+    # The daemon claimed untouched arena slots for the tenant (serve.warm_ahead), which its
+    # clients in this process fault in on a thread of their own.
+    assert writer.daemon_stats()["warm_claimed_blocks"] > 0
+    deadline = time.monotonic() + 30
+    while writer.client_stats()["warmed_bytes"] + reader.client_stats()["warmed_bytes"] == 0:
+        assert time.monotonic() < deadline, "no arena page was warmed"
+        time.sleep(0.01)
     tokens = list(range(5 * 16 + 3))
     data = blocks(5, 1)
     stored = writer.store(tokens, data)

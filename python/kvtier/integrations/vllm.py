@@ -364,7 +364,10 @@ class KvtierConnector(WorkerHalf, KVConnectorBase_V1, SupportsHMA):
                "model_revision": self._config["model_revision"], "vllm": VLLM_VERSION,
                "layout": stored_report(self._layout, self._groups),
                "background_cpus": sorted(self._cpus) if self._cpus else None,
-               "loader_ran_on": self._loader.ran_on}
+               "loader_ran_on": self._loader.ran_on,
+               "saver": self._saver.stats() if self._saver is not None else None,
+               "client": (self._cache.client_stats() if isinstance(self._cache, kvtier.Client)
+                          else None)}
         if self._cost is not None and self._role == KVConnectorRole.SCHEDULER:
             doc["planner"] = {"mode": self._cost.mode, "prefill": self._cost.prefill_source,
                               "crossover_tokens": self._cost.crossovers()}
