@@ -49,3 +49,10 @@ def test_compare_smoke(tmp_path):
     assert base["workloads"]["short"]["prompt_tokens"]["vllm_cache"] == 0
     assert kv["workloads"]["short"]["prompt_tokens"]["external"] > 0
     assert doc["settings"]["vllm"]["block_size"] == 32
+    assert kv["resumed_ttft_s"]["<512"]["turns_vs_baseline"] > 0  # each turn against its own
+    # `report DIR` aggregates the runs kept under DIR/runs again: the same figures.
+    r = subprocess.run([sys.executable, "-m", "kvtier.bench.compare_vllm", "report",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    with open(tmp_path / "compare.json") as f:
+        assert json.load(f)["configs"] == doc["configs"]

@@ -57,6 +57,20 @@ def _paired(runs, ref_runs, select):
         else (None, [])
 
 
+def _paired_turns(runs, ref_runs, select):
+    """Median over every selected request of (its TTFT / the reference's same request's TTFT in
+    the same round): each turn against the identical turn, so a bucket that mixes long and short
+    turns, whose p50 jumps from one kind to the other between rounds, is still compared alike."""
+    ratios = []
+    for a, b in zip(runs, ref_runs):
+        ref = {_key(r): r["ttft_s"] for r in b["records"]}
+        for r in a["records"]:
+            t = ref.get(_key(r))
+            if select(r) and r["ttft_s"] and t:
+                ratios.append(r["ttft_s"] / t)
+    return round(statistics.median(ratios), 4) if ratios else None
+
+
 def aggregate(results, errors, configs):
     base = results.get("baseline") or []
     bound = results.get("bound") or []
@@ -81,6 +95,8 @@ def aggregate(results, errors, configs):
         sel_first = (lambda r: r["prefix_tokens"] == 0)
         doc["first_turn_ttft_s"]["vs_baseline"], doc["first_turn_ttft_s"]["rounds_vs_baseline"] \
             = _paired(runs, base, sel_first) if c != "baseline" else (1.0, [])
+        doc["first_turn_ttft_s"]["turns_vs_baseline"] = \
+            _paired_turns(runs, base, sel_first) if c != "baseline" else 1.0
         buckets = {}
         for b, lo in BUCKETS:
             def sel(r, b=b):
@@ -99,7 +115,11 @@ def aggregate(results, errors, configs):
                           "n": len(xs), "round_p50_min": min(p for p in p50s if p is not None),
                           "round_p50_max": max(p for p in p50s if p is not None),
                           "vs_baseline": vb, "rounds_vs_baseline": vb_rounds,
-                          "vs_bound": vbound}
+                          "vs_bound": vbound,
+                          "turns_vs_baseline": _paired_turns(runs, base, sel)
+                          if c != "baseline" else 1.0,
+                          "turns_vs_bound": _paired_turns(runs, bound, sel)
+                          if c != "bound" else 1.0}
         doc["resumed_ttft_s"] = buckets
         wl = {}
         for name in runs[0]["workloads"]:
@@ -140,21 +160,23 @@ def aggregate(results, errors, configs):
 def table(configs):
     """The printed table: one row per configuration."""
     cols = [b for b, _ in BUCKETS]
-    head = ["config", "first p50", *[f"{b} p50/p99 (x base, x bound)" for b in cols],
+    head = ["config", "first p50 (x base)", *[f"{b} p50/p99 (x base, x bound)" for b in cols],
             "no-reuse wall x base", "equal"]
     rows = [head]
     for c, d in configs.items():
         if d.get("error"):
             rows.append([c, "skipped: " + d["error"][:110]])
             continue
-        row = [c, f"{d['first_turn_ttft_s']['p50']:.3f}s"]
+        f = d["first_turn_ttft_s"]
+        row = [c, f"{f['p50']:.3f}s ({f.get('turns_vs_baseline') or 1.0:.3f})"]
         for b in cols:
             x = d["resumed_ttft_s"].get(b)
             if not x:
                 row.append("-")
                 continue
-            vb = f"{x['vs_baseline']:.2f}" if x.get("vs_baseline") else "-"
-            vbd = f"{x['vs_bound']:.2f}" if x.get("vs_bound") else "-"
+            # Paired by turn (turns_vs_*); compare.json has the ratios of round p50s beside them.
+            vb = f"{x['turns_vs_baseline']:.2f}" if x.get("turns_vs_baseline") else "-"
+            vbd = f"{x['turns_vs_bound']:.2f}" if x.get("turns_vs_bound") else "-"
             row.append(f"{x['p50']:.3f}/{x['p99']:.3f} ({vb}, {vbd})")
         nr = d["workloads"].get("no_reuse", {})
         row.append(f"{nr.get('wall_vs_baseline', 1.0):.3f}" if nr else "-")

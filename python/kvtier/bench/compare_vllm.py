@@ -4,6 +4,7 @@ the same run, each run in a fresh process, in interleaved rounds (A B C ..., the
     python -m kvtier.bench.compare_vllm --out DIR [--rounds 3] [--configs a,b,...] [--model-preset
         compare|test] [--smoke]
     python -m kvtier.bench.compare_vllm plot DIR   (redraws DIR/compare.svg from compare.json)
+    python -m kvtier.bench.compare_vllm report DIR (the figures again from DIR/runs/)
     (scripts/compare-vllm sets up the environments and runs this)
 
 Configurations (CONFIGS): baseline (vLLM's prefix cache only, its KV cache smaller than the live
@@ -18,7 +19,10 @@ tried once and recorded with its reason as skipped.
 Writes DIR/compare.json ({"configs": {NAME: {"error", "tokens_equal", "first_turn_ttft_s",
 "resumed_ttft_s": {BUCKET: {"p50", "p99", "min_prefix_tokens", ...}}, ...}}, "settings", ...}),
 DIR/compare.svg (TTFT against reused-prefix length, p50 solid, p99 dashed), DIR/runs/ (each
-run's raw result and log), and prints the table.
+run's raw result and log), and prints the table. The table's ratios are paired by turn: the
+median over a bucket's turns of each turn's TTFT over the same turn's in the same round of
+baseline or bound (turns_vs_baseline, turns_vs_bound); compare.json also has the ratios of the
+rounds' p50s (vs_baseline, vs_bound).
 """
 
 import argparse
@@ -464,6 +468,30 @@ def machine():
     return info
 
 
+def report_main(out):
+    """Aggregates DIR/runs/r<round>-<config>.json again (the runs of an earlier run, this
+    version's figures), rewrites DIR/compare.json's configs and DIR/compare.svg, prints the
+    table."""
+    path = os.path.join(out, "compare.json")
+    with open(path) as f:
+        doc = json.load(f)
+    names = list(doc["configs"])
+    errors = {c: v["error"] for c, v in doc["configs"].items() if v.get("error")}
+    results = {c: [] for c in names}
+    for rnd in range(max(v.get("rounds", 0) for v in doc["configs"].values())):
+        for c in names:
+            run = os.path.join(out, "runs", f"r{rnd}-{c}.json")
+            if c not in errors and os.path.exists(run):
+                with open(run) as f:
+                    results[c].append(json.load(f))
+    doc["configs"] = aggregate(results, errors, names)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    svg(doc["configs"], os.path.join(out, "compare.svg"))
+    print(table(doc["configs"]))
+    return 0
+
+
 def main(argv=None):
     if argv is None:
         argv = sys.argv[1:]
@@ -473,6 +501,8 @@ def main(argv=None):
         with open(os.path.join(argv[1], "compare.json")) as f:
             svg(json.load(f)["configs"], os.path.join(argv[1], "compare.svg"))
         return 0
+    if argv and argv[0] == "report":  # report DIR: the figures again from DIR/runs/
+        return report_main(argv[1])
     ap = argparse.ArgumentParser(prog="compare-vllm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="results folder (compare.json, compare.svg)")
     ap.add_argument("--rounds", type=int, default=3)
