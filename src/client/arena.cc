@@ -106,7 +106,10 @@ bool ArenaWarmer::WaitIdle(std::chrono::milliseconds timeout) {
 void ArenaWarmer::Run() {
   sched_param p{};
   (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
-  constexpr size_t kChunk = size_t{2} << 20;
+  // The call holds the address space's lock: at SCHED_IDLE it may be preempted holding it, and
+  // an engine thread that maps or unmaps memory then waits for it. 256 KiB (64 pages) bounds
+  // that wait at a fraction of a millisecond.
+  constexpr size_t kChunk = size_t{256} << 10;
   for (;;) {
     size_t begin = 0, end = 0;
     std::byte* base = nullptr;

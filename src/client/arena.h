@@ -10,7 +10,7 @@
 // warm, and a store through the daemon is on a lookup's path when the next turn needs it.
 //
 // One thread, started at the first Add, at SCHED_IDLE: it uses CPU time nobody else wants,
-// one 2 MiB MADV_POPULATE_WRITE call at a time (the call faults pages in writable without
+// one 256 KiB MADV_POPULATE_WRITE call at a time (the call faults pages in writable without
 // writing them, so a store may write the same pages meanwhile). A kernel without it (before
 // 5.14) ends the warming for good; nothing is touched by hand.
 //
