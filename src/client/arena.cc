@@ -17,8 +17,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "common/clock.h"
-
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
 #endif
@@ -70,22 +68,21 @@ ArenaWarmer::~ArenaWarmer() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ArenaWarmer::Add(std::shared_ptr<const void> keep, std::byte* base, size_t bytes,
-                      std::span<const uint64_t> offsets, size_t span) {
-  if (offsets.empty() || span == 0) return;
+void ArenaWarmer::Add(std::shared_ptr<Arena> arena, std::span<const uint64_t> offsets,
+                      size_t span) {
+  if (!arena || offsets.empty() || span == 0) return;
   const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   MutexLock lock(&mu_);
   if (stop_ || unsupported_) return;
-  if (base != base_) {
+  if (arena != arena_) {
     queue_.clear();
-    keep_ = std::move(keep);
-    base_ = base;
+    arena_ = std::move(arena);
   }
   for (uint64_t off : offsets) {
-    if (off >= bytes) continue;
+    if (off >= arena_->bytes) continue;
     const size_t begin = off / page * page;
-    const size_t end = std::min<size_t>(bytes, (off + span + page - 1) / page * page);
-    // Slots the daemon claims in a run are adjacent: one range, so one call per 2 MiB.
+    const size_t end = std::min<size_t>(arena_->bytes, (off + span + page - 1) / page * page);
+    // Slots the daemon claims in a run are adjacent: one range, warmed a chunk at a time.
     if (!queue_.empty() && queue_.back().end == begin)
       queue_.back().end = end;
     else
@@ -93,14 +90,6 @@ void ArenaWarmer::Add(std::shared_ptr<const void> keep, std::byte* base, size_t 
   }
   if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
   cv_.SignalAll();
-}
-
-bool ArenaWarmer::WaitIdle(std::chrono::milliseconds timeout) {
-  const auto deadline = MonotonicClock::now() + timeout;
-  MutexLock lock(&mu_);
-  while (!queue_.empty() || busy_)
-    if (!cv_.WaitUntil(&mu_, deadline)) return queue_.empty() && !busy_;
-  return true;
 }
 
 void ArenaWarmer::Run() {
@@ -112,40 +101,30 @@ void ArenaWarmer::Run() {
   constexpr size_t kChunk = size_t{256} << 10;
   for (;;) {
     size_t begin = 0, end = 0;
-    std::byte* base = nullptr;
-    std::shared_ptr<const void> keep;  // the mapping outlives the call
+    std::shared_ptr<Arena> arena;  // mapped until the call returns
     {
       MutexLock lock(&mu_);
       while (queue_.empty() && !stop_) cv_.Wait(&mu_);
       if (stop_) return;
       begin = queue_.front().begin;
       end = std::min(queue_.front().end, begin + kChunk);
-      base = base_;
-      keep = keep_;
-      busy_ = true;
+      arena = arena_;
     }
-    const bool ok = madvise(base + begin, end - begin, MADV_POPULATE_WRITE) == 0;
+    const bool ok = madvise(arena->base + begin, end - begin, MADV_POPULATE_WRITE) == 0;
     const int err = errno;
-    {
-      MutexLock lock(&mu_);
-      busy_ = false;
-      if (ok) warmed_bytes_.fetch_add(end - begin, std::memory_order_relaxed);
-      if (!ok && err == EINVAL) {  // the kernel cannot: stop for good
-        unsupported_ = true;
-        queue_.clear();
-      } else if (base == base_ && !queue_.empty() && queue_.front().begin == begin) {
-        // Past this chunk (a failed one too: a later store faults it in, as without warming).
-        if (end >= queue_.front().end)
-          queue_.erase(queue_.begin());
-        else
-          queue_.front().begin = end;
-      }
-      if (queue_.empty()) {  // nothing holds the mapping for us any more
-        keep_.reset();
-        base_ = nullptr;
-      }
+    MutexLock lock(&mu_);
+    if (ok) warmed_bytes_.fetch_add(end - begin, std::memory_order_relaxed);
+    if (!ok && err == EINVAL) {  // the kernel cannot: stop for good
+      unsupported_ = true;
+      queue_.clear();
+    } else if (arena == arena_ && !queue_.empty() && queue_.front().begin == begin) {
+      // Past this chunk (a failed one too: a later store faults it in, as without warming).
+      if (end >= queue_.front().end)
+        queue_.erase(queue_.begin());
+      else
+        queue_.front().begin = end;
     }
-    cv_.SignalAll();
+    if (queue_.empty()) arena_.reset();  // nothing keeps the mapping for us any more
   }
 }
 

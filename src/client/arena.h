@@ -19,7 +19,6 @@
 #define KVTIER_CLIENT_ARENA_H_
 
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -52,15 +51,12 @@ class ArenaWarmer {
   ArenaWarmer(const ArenaWarmer&) = delete;
   ArenaWarmer& operator=(const ArenaWarmer&) = delete;
 
-  // Queues [offset, offset + span) of the mapping [base, base + bytes) for each offset (parts
-  // past the mapping are left out). `keep` keeps the mapping alive while queued. A mapping
-  // other than the one queued before replaces it, dropping what was queued for the old one.
-  void Add(std::shared_ptr<const void> keep, std::byte* base, size_t bytes,
-           std::span<const uint64_t> offsets, size_t span);
+  // Queues [offset, offset + span) of arena for each offset (parts past it are left out); the
+  // arena stays mapped while queued. Another arena than the one queued before replaces it,
+  // dropping what was queued for the old one.
+  void Add(std::shared_ptr<Arena> arena, std::span<const uint64_t> offsets, size_t span);
   // Bytes faulted in so far.
   uint64_t warmed_bytes() const { return warmed_bytes_.load(std::memory_order_relaxed); }
-  // Waits until nothing is queued or being warmed; false when timeout ran out first.
-  bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
   struct Range {
@@ -70,10 +66,8 @@ class ArenaWarmer {
 
   Mutex mu_;
   CondVar cv_;
-  std::shared_ptr<const void> keep_ KVTIER_GUARDED_BY(mu_);
-  std::byte* base_ KVTIER_GUARDED_BY(mu_) = nullptr;
+  std::shared_ptr<Arena> arena_ KVTIER_GUARDED_BY(mu_);  // what queue_ is of; null when empty
   std::vector<Range> queue_ KVTIER_GUARDED_BY(mu_);
-  bool busy_ KVTIER_GUARDED_BY(mu_) = false;
   bool stop_ KVTIER_GUARDED_BY(mu_) = false;
   bool unsupported_ KVTIER_GUARDED_BY(mu_) = false;
   std::thread thread_;  // started by the first Add, under mu_

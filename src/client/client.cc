@@ -158,8 +158,7 @@ class Client::Impl {
 
   // The daemon's slots this client writes next: faulted in ahead (pinned, they are already).
   void Warm(const std::shared_ptr<Arena>& arena, std::span<const uint64_t> offsets) {
-    if (arena && !arena->pinned)
-      warmer_.Add(arena, arena->base, arena->bytes, offsets, opt_.layout.bytes_per_block());
+    if (arena && !arena->pinned) warmer_.Add(arena, offsets, opt_.layout.bytes_per_block());
   }
 
   void StartReconnector() {

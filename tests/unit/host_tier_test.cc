@@ -257,14 +257,21 @@ bool MemfdHolds(int fd, size_t size, const std::vector<std::byte>& bytes) {
   return found;
 }
 
-TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
+// A shared (partitioned) arena of `blocks` SmallLayout() blocks with room for 2 tenants.
+std::unique_ptr<HostTier> OpenShared(uint64_t blocks) {
   HostTierOptions o;
-  o.capacity_bytes = 4 * SmallLayout().bytes_per_block();
+  o.capacity_bytes = blocks * SmallLayout().bytes_per_block();
   o.shared = true;
   o.max_partitions = 2;
   auto t = HostTier::Open(SmallLayout(), o);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  HostTier& tier = **t;
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
+  auto t = OpenShared(4);
+  ASSERT_NE(t, nullptr);
+  HostTier& tier = *t;
   auto a = tier.AddPartition(0xA, "a");
   auto b = tier.AddPartition(0xB, "b");
   ASSERT_TRUE(a.ok() && b.ok());
@@ -315,13 +322,9 @@ TEST(HostTierSharedTest, PartitionsHoldOnlyTheirOwnTenantsBytesAndAreSealed) {
 // nobody was handed yet, within the partition's bounds; another partition may still take them,
 // and then their pages leave the claimer's memfd.
 TEST(HostTierSharedTest, ClaimAheadHandsAPartitionUntouchedSlotsNextLowestFirst) {
-  HostTierOptions o;
-  o.capacity_bytes = 8 * SmallLayout().bytes_per_block();
-  o.shared = true;
-  o.max_partitions = 2;
-  auto t = HostTier::Open(SmallLayout(), o);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  HostTier& tier = **t;
+  auto t = OpenShared(8);
+  ASSERT_NE(t, nullptr);
+  HostTier& tier = *t;
   const int a = *tier.AddPartition(0xA, "a"), b = *tier.AddPartition(0xB, "b");
   auto offsets = [&](std::initializer_list<uint32_t> slots) {
     std::vector<uint64_t> v;
@@ -356,13 +359,9 @@ TEST(HostTierSharedTest, ClaimAheadHandsAPartitionUntouchedSlotsNextLowestFirst)
 }
 
 TEST(HostTierSharedTest, AClaimedSlotTakenByAnotherPartitionLeavesTheClaimersMemfd) {
-  HostTierOptions o;
-  o.capacity_bytes = 2 * SmallLayout().bytes_per_block();
-  o.shared = true;
-  o.max_partitions = 2;
-  auto t = HostTier::Open(SmallLayout(), o);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  HostTier& tier = **t;
+  auto t = OpenShared(2);
+  ASSERT_NE(t, nullptr);
+  HostTier& tier = *t;
   const int a = *tier.AddPartition(0xA, "a"), b = *tier.AddPartition(0xB, "b");
   std::vector<uint64_t> warm;
   ASSERT_EQ(tier.ClaimAhead(a, 2, &warm), 2u);

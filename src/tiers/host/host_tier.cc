@@ -257,26 +257,33 @@ void HostTier::GiveSlot(uint32_t slot, int p) {
   owner_[slot] = static_cast<uint16_t>(p);
 }
 
-size_t HostTier::ClaimAhead(int p, size_t want, std::vector<uint64_t>* offsets) {
-  WriterLock lock(&mu_);
-  if (!shared_ || p <= 0 || p >= num_parts_.load(std::memory_order_relaxed)) return 0;
-  if (held_[p] < bounds_[p].max_slots)
-    want = static_cast<size_t>(std::min<uint64_t>(want, bounds_[p].max_slots - held_[p]));
-  else
-    want = 0;
+size_t HostTier::ClaimCount(int p, size_t want) const {
+  if (held_[p] >= bounds_[p].max_slots) return 0;
+  want = static_cast<size_t>(std::min<uint64_t>(want, bounds_[p].max_slots - held_[p]));
   // Below half of want, topped up to want: one claim per many stores, not one per store.
   if (free_[p].size() * 2 >= want) return 0;
-  const size_t n = std::min(want - free_[p].size(), free_[0].size());
-  if (n == 0) return 0;
-  // Handed out after the slots p freed itself (those are faulted in already), lowest first.
-  std::vector<uint32_t> claimed(free_[0].end() - static_cast<std::ptrdiff_t>(n), free_[0].end());
-  free_[0].resize(free_[0].size() - n);
-  for (uint32_t slot : claimed) {
+  return std::min(want - free_[p].size(), free_[0].size());
+}
+
+size_t HostTier::ClaimAhead(int p, size_t want, std::vector<uint64_t>* offsets) {
+  if (!shared_ || p <= 0 || p >= num_parts_.load(std::memory_order_acquire)) return 0;
+  {
+    // Called on every reserve: most have nothing to claim, and readers need not wait for that.
+    ReaderLock lock(&mu_);
+    if (ClaimCount(p, want) == 0) return 0;
+  }
+  WriterLock lock(&mu_);
+  const size_t n = ClaimCount(p, want);
+  // Partition 0's stack ends with its lowest slots. Taken from there and put below p's own
+  // freed slots (faulted in already), they are handed out after those, lowest first.
+  const auto from = free_[0].end() - static_cast<std::ptrdiff_t>(n);
+  for (auto it = free_[0].end(); it != from;) {
+    const uint32_t slot = *--it;
     GiveSlot(slot, p);
     offsets->push_back(SlotOffset(slot));
   }
-  std::reverse(offsets->end() - static_cast<std::ptrdiff_t>(n), offsets->end());
-  free_[p].insert(free_[p].begin(), claimed.begin(), claimed.end());
+  free_[p].insert(free_[p].begin(), from, free_[0].end());
+  free_[0].erase(from, free_[0].end());
   return n;
 }
 

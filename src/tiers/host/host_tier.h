@@ -160,6 +160,8 @@ class HostTier final : public Tier {
   uint32_t TakeSlot(int p) KVTIER_REQUIRES(mu_);
   // Free slot `slot` to partition p: punched out of its old owner's memfd.
   void GiveSlot(uint32_t slot, int p) KVTIER_REQUIRES(mu_);
+  // How many slots ClaimAhead(p, want) takes now.
+  size_t ClaimCount(int p, size_t want) const KVTIER_REQUIRES_SHARED(mu_);
   void FreeSlot(uint32_t slot) KVTIER_REQUIRES(mu_);
   Usage UsageLocked(int p) const KVTIER_REQUIRES_SHARED(mu_);
   int PartOf(const BlockKey& key) const KVTIER_REQUIRES_SHARED(mu_) {
