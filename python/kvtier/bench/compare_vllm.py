@@ -170,6 +170,12 @@ def child_main(spec_path):
     if hooks is not None:
         hooks.wait_saves(30.0)
         doc["kvtier_connector"] = hooks.connector_counters()
+        # Where the connector's time on vLLM's thread went: seconds, calls and longest call
+        # per hook (start_load_kv: the synchronous loads).
+        doc["kvtier_hooks"] = {
+            name: {"seconds": round(s, 4), "calls": hooks.HOOK_CALLS.get(name, 0),
+                   "max_s": round(hooks.HOOK_MAX_SECONDS.get(name, 0.0), 4)}
+            for name, s in sorted(hooks.HOOK_SECONDS_BY_NAME.items())}
     print("COMPARE_RESULT " + json.dumps(doc), flush=True)
     # vLLM's and LMCache's threads can keep an interpreter alive at exit: the result is out.
     sys.stdout.flush()
