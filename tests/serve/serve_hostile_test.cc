@@ -172,6 +172,37 @@ TEST_F(ServeHostileTest, BytesChangedAfterCommitAreMissesThenRepaired) {
   EXPECT_TRUE(d.WaitForLog("changed in the arena after its commit", 1000)) << d.Log();
 }
 
+// A lent load of many blocks: one changed in the middle ends the load there, the blocks
+// before it loaded and checked.
+TEST_F(ServeHostileTest, AChangedBlockInsideALargeLentLoadEndsItThere) {
+  KvLayout big = SmallLayout(16);
+  big.num_layers = 4;
+  big.num_kv_heads = 4;
+  big.head_dim = 64;  // fp32: 128 KiB blocks, as a real model's
+  ASSERT_EQ(big.bytes_per_block(), size_t{128} << 10);
+  Daemon d(dir_.path(), Config(64, "", "", 30000, big));
+  ASSERT_TRUE(d.Start().ok()) << d.Log();
+  auto c = Client::Open(Opts(d, "", "", big));
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(StoreChain(**c, 6, 24).stored_blocks, 24u);
+  ASSERT_EQ(LoadChain(**c, 6, 24, {}, /*visit=*/true), 24);
+  // Another process of the same tenant flips a byte of block 13 where the arena holds it.
+  Raw same(d.socket());
+  int fd = -1;
+  ASSERT_TRUE(same.Hello(serve::kProtocolVersion, &fd, "", "", big).ok());
+  {
+    Mapping m(fd);
+    ASSERT_NE(m.base, nullptr);
+    const auto block = ChainBytes(**c, 6, 24)[13];
+    auto* at = static_cast<std::byte*>(memmem(m.base, m.bytes, block.data(), block.size()));
+    ASSERT_NE(at, nullptr);
+    at[block.size() / 2] ^= std::byte{1};
+  }
+  close(fd);
+  EXPECT_EQ(LoadChain(**c, 6, 24, {}, /*visit=*/true), 13);  // the first 13, never a wrong one
+  EXPECT_EQ((*c)->client_stats().corrupt_blocks, 1u);
+}
+
 TEST_F(ServeHostileTest, FloodsBeforeHelloAndStalledFramesAreBounded) {
   Daemon d(dir_.path(), Config(16, "",
                                "  max_pending: 4\n  hello_timeout_ms: 300\n"

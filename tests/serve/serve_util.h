@@ -186,12 +186,13 @@ struct Raw {
            s.message().find("timed out") == std::string::npos;
   }
   Status Hello(uint32_t version = serve::kProtocolVersion, int* arena_fd = nullptr,
-               const std::string& tenant = "", const std::string& token = "") {
+               const std::string& tenant = "", const std::string& token = "",
+               const KvLayout& layout = SmallLayout()) {
     serve::Writer w;
     w.Begin(static_cast<uint16_t>(MsgType::kHello), 0, 1);
     serve::Hello h;
     h.version = version;
-    h.layout = SmallLayout();
+    h.layout = layout;
     h.model_id = "test";
     h.tenant = tenant;
     h.token = token;
