@@ -258,10 +258,11 @@ bool MemfdHolds(int fd, size_t size, const std::vector<std::byte>& bytes) {
 }
 
 // A shared (partitioned) arena of `blocks` SmallLayout() blocks with room for 2 tenants.
-std::unique_ptr<HostTier> OpenShared(uint64_t blocks) {
+std::unique_ptr<HostTier> OpenShared(uint64_t blocks, bool prefault = true) {
   HostTierOptions o;
   o.capacity_bytes = blocks * SmallLayout().bytes_per_block();
   o.shared = true;
+  o.prefault = prefault;
   o.max_partitions = 2;
   auto t = HostTier::Open(SmallLayout(), o);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
@@ -375,6 +376,26 @@ TEST(HostTierSharedTest, AClaimedSlotTakenByAnotherPartitionLeavesTheClaimersMem
   ASSERT_EQ(tier.ReserveSlots(b, 2, &got), 2u);  // B's stores take A's claimed (free) slots
   EXPECT_FALSE(MemfdHolds(tier.partition_fd(a), tier.arena_bytes(), mark));
   EXPECT_EQ(tier.usage(b).held, 2u);
+}
+
+// A daemon's partition 0 holds no pages, and its slots move without a punch; once it held a
+// block (an untagged key), a claim takes the slot's pages out of its memfd.
+TEST(HostTierSharedTest, ClaimAheadTakesPartitionZerosPagesOnceItHeldABlock) {
+  auto t = OpenShared(4, /*prefault=*/false);
+  ASSERT_NE(t, nullptr);
+  HostTier& tier = *t;
+  const int a = *tier.AddPartition(0xA, "a");
+  const std::vector<std::byte> mark = MakeBlock(tier.block_bytes(), 9);
+  const BlockKey untagged = Tagged(0, 1);
+  const ConstBlock one[] = {ConstBlock(mark)};
+  std::vector<Status> res(1);
+  ASSERT_TRUE(tier.Put(std::span<const BlockKey>(&untagged, 1), one, res).ok());
+  ASSERT_TRUE(res[0].ok()) << res[0].ToString();
+  ASSERT_TRUE(MemfdHolds(tier.arena_fd(), tier.arena_bytes(), mark));
+  ASSERT_TRUE(tier.Erase(std::span<const BlockKey>(&untagged, 1)).ok());
+  std::vector<uint64_t> warm;
+  ASSERT_EQ(tier.ClaimAhead(a, 8, &warm), 4u);  // every slot, the one that held the block too
+  EXPECT_FALSE(MemfdHolds(tier.arena_fd(), tier.arena_bytes(), mark));
 }
 
 }  // namespace

@@ -126,6 +126,10 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
     }
   }
 #endif
+  if (options.prefault || tier->pinned_) {
+    WriterLock lock(&tier->mu_);
+    tier->part0_empty_ = false;
+  }
   // Pinning faulted every page in already.
   if (options.prefault && !tier->pinned_) tier->Prefault(options.prefault_background);
   return tier;
@@ -229,6 +233,7 @@ std::byte* HostTier::SlotPtr(uint32_t slot) const {
 uint32_t HostTier::TakeSlot(int p) {
   if (free_count_ == 0) return kNoSlot;
   uint32_t slot = kNoSlot;
+  if (p == 0) part0_empty_ = false;
   if (!free_[p].empty()) {
     slot = free_[p].back();
     free_[p].pop_back();
@@ -252,8 +257,9 @@ void HostTier::GiveSlot(uint32_t slot, int p) {
   // The slot's pages leave the old owner's memfd, under the lock so that no later owner's
   // bytes can be punched by a late call. Best effort: pages that stay cost memory, never
   // isolation (the new owner's bytes go to its own memfd).
-  (void)fallocate(parts_[owner_[slot]].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                  static_cast<off_t>(SlotOffset(slot)), static_cast<off_t>(stride_));
+  if (owner_[slot] != 0 || !part0_empty_)
+    (void)fallocate(parts_[owner_[slot]].fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    static_cast<off_t>(SlotOffset(slot)), static_cast<off_t>(stride_));
   owner_[slot] = static_cast<uint16_t>(p);
 }
 

@@ -211,6 +211,9 @@ class HostTier final : public Tier {
   std::vector<uint64_t> held_ KVTIER_GUARDED_BY(mu_);               // per partition
   std::vector<Bounds> bounds_ KVTIER_GUARDED_BY(mu_);               // per partition
   std::map<uint32_t, int> by_tag_ KVTIER_GUARDED_BY(mu_);
+  // Partition 0's memfd holds no pages (not prefaulted, pinned or handed a slot, as in a
+  // daemon, where it serves no client): its slots move to others without a punch.
+  bool part0_empty_ KVTIER_GUARDED_BY(mu_) = true;
   size_t free_count_ KVTIER_GUARDED_BY(mu_) = 0;
   int free_cursor_ KVTIER_GUARDED_BY(mu_) = 0;  // where TakeSlot looks for others' slots
 };
