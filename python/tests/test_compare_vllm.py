@@ -50,6 +50,12 @@ def test_compare_smoke(tmp_path):
     assert kv["workloads"]["short"]["prompt_tokens"]["external"] > 0
     assert doc["settings"]["vllm"]["block_size"] == 32
     assert kv["resumed_ttft_s"]["<512"]["turns_vs_baseline"] > 0  # each turn against its own
+    # The miss cost in one process: every no-reuse prompt paired, connector on over off.
+    miss = kv["miss_same_process"]
+    with open(tmp_path / "workloads.json") as f:
+        assert miss["pairs"] == len(json.load(f)["no_reuse"]["lengths"]), miss
+    assert 0.5 < miss["on_over_off_p50"] < 2.0, miss
+    assert "miss_same_process" not in base
     # `report DIR` aggregates the runs kept under DIR/runs again: the same figures.
     r = subprocess.run([sys.executable, "-m", "kvtier.bench.compare_vllm", "report",
                         str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -22,7 +22,8 @@ import time
 # The helpers the comparison harness shares (kvtier.bench.vllm_offline); its configure_env()
 # runs before vLLM is imported.
 from kvtier.bench.vllm_offline import (BLOCK_SIZE, KVTIER_BLOCK, VOCAB,  # noqa: F401
-                                       configure_env, generate, make_llm, metric_sum, tokens)
+                                       configure_env, generate, make_llm, make_switchable,
+                                       metric_sum, tokens)
 from kvtier.bench.vllm_offline import make_model as _make_model
 
 configure_env()
@@ -179,29 +180,6 @@ def background_cpu(hooks) -> dict[str, float]:
         except (OSError, TypeError):
             continue
     return out
-
-
-def make_switchable(hooks) -> list[bool]:
-    """Lets a serve process turn its connector's work off and on between batches: off, the
-    scheduler half reports no external hit and plans no transfer, so the worker half has nothing
-    to do, and what is left is vLLM's own connector plumbing. The same process measured both
-    ways has the same memory placement, which two processes do not (their throughput differs by
-    several per cent with no connector at all)."""
-    on = [True]
-    cls = hooks.KvtierConnector
-    meta_cls = hooks.KvtierConnectorMetadata
-    patched = {"get_num_new_matched_tokens": lambda self, *a, **k: (0, False),
-               "update_state_after_alloc": lambda self, *a, **k: None,
-               "build_connector_meta": lambda self, *a, **k: meta_cls(),
-               "request_finished": lambda self, *a, **k: (False, None)}
-    for name, off in patched.items():
-        real = getattr(cls, name)
-
-        def switch(self, *a, _real=real, _off=off, **k):
-            return _real(self, *a, **k) if on[0] else _off(self, *a, **k)
-
-        setattr(cls, name, switch)
-    return on
 
 
 def serve(spec: dict) -> None:

@@ -121,6 +121,13 @@ def aggregate(results, errors, configs):
                           "turns_vs_bound": _paired_turns(runs, bound, sel)
                           if c != "bound" else 1.0}
         doc["resumed_ttft_s"] = buckets
+        miss = [run["miss_same_process"] for run in runs if run.get("miss_same_process")]
+        ratios = [x for m in miss for x in m["ratios"]]
+        if ratios:
+            # Each no-reuse prompt with the connector on over one with it off, in one process.
+            doc["miss_same_process"] = {
+                "on_over_off_p50": round(statistics.median(ratios), 4), "pairs": len(ratios),
+                "rounds": [m["on_over_off_p50"] for m in miss]}
         wl = {}
         for name in runs[0]["workloads"]:
             walls = [run["workloads"][name]["wall_s"] for run in runs]
@@ -161,7 +168,7 @@ def table(configs):
     """The printed table: one row per configuration."""
     cols = [b for b, _ in BUCKETS]
     head = ["config", "first p50 (x base)", *[f"{b} p50/p99 (x base, x bound)" for b in cols],
-            "no-reuse wall x base", "equal"]
+            "no-reuse wall x base", "miss on/off", "equal"]
     rows = [head]
     for c, d in configs.items():
         if d.get("error"):
@@ -180,6 +187,8 @@ def table(configs):
             row.append(f"{x['p50']:.3f}/{x['p99']:.3f} ({vb}, {vbd})")
         nr = d["workloads"].get("no_reuse", {})
         row.append(f"{nr.get('wall_vs_baseline', 1.0):.3f}" if nr else "-")
+        m = d.get("miss_same_process")
+        row.append(f"{m['on_over_off_p50']:.3f}" if m else "-")
         row.append(str(d["tokens_equal"]))
         rows.append(row)
     return "\n".join("| " + " | ".join(r) + " |" for r in rows)

@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,34 @@ def _run_workloads(llm, w, names, filler_tokens):
     return records, per
 
 
+def _miss_same_process(llm, hooks, w):
+    """The no-reuse prompts again, each twice in this process (fresh tokens each time), with the
+    kvtier connector's work off and on, which first alternating: the miss cost without the
+    difference two vLLM processes make (several per cent here, with no connector at all). The
+    saves of a prompt are waited for before the next, so each TTFT is the request's own cost
+    (the store itself runs on CPU time vLLM leaves idle)."""
+    from kvtier.bench.vllm_offline import generate, make_switchable, tokens
+
+    nr = w["no_reuse"]
+    on = make_switchable(hooks)
+    pairs = []
+    try:
+        for j, n in enumerate(nr["lengths"]):
+            t = {}
+            for mode in (("off", "on") if j % 2 == 0 else ("on", "off")):
+                on[0] = mode == "on"
+                prompt = tokens(60_000 + 2 * j + (mode == "on"), n)
+                t[mode] = _ttft(generate(llm, [prompt], nr["max_tokens"])[0])
+                hooks.wait_saves(30.0)
+            if t["on"] and t["off"]:
+                pairs.append((t["on"], t["off"]))
+    finally:
+        on[0] = True
+    ratios = [a / b for a, b in pairs]
+    return {"pairs": len(pairs), "on_over_off_p50": round(statistics.median(ratios), 4)
+            if ratios else None, "ratios": [round(x, 4) for x in ratios]}
+
+
 def _llvmlite_dict():
     """LMCache imports numba (so llvmlite) before vLLM's CPU worker starts, and vLLM 0.32 then
     scans every module's objects with `vars(obj).get(...)`: llvmlite's library wrapper answers
@@ -176,6 +205,8 @@ def child_main(spec_path):
             name: {"seconds": round(s, 4), "calls": hooks.HOOK_CALLS.get(name, 0),
                    "max_s": round(hooks.HOOK_MAX_SECONDS.get(name, 0.0), 4)}
             for name, s in sorted(hooks.HOOK_SECONDS_BY_NAME.items())}
+        if "no_reuse" in spec["workloads"]:  # last: the figures above are the workloads' own
+            doc["miss_same_process"] = _miss_same_process(llm, hooks, w)
     print("COMPARE_RESULT " + json.dumps(doc), flush=True)
     # vLLM's and LMCache's threads can keep an interpreter alive at exit: the result is out.
     sys.stdout.flush()

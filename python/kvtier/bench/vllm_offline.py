@@ -206,3 +206,27 @@ def generate(llm, prompts, max_tokens):
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                         detokenize=False)
     return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+
+
+def make_switchable(hooks) -> list[bool]:
+    """Lets a process turn its kvtier connector's work off and on between requests (hooks: the
+    kvtier.integrations.vllm module): off, the scheduler half reports no external hit and plans
+    no transfer, so the worker half has nothing to do, and what is left is vLLM's own connector
+    plumbing. The same process measured both ways has the same memory placement, which two
+    processes do not (their speed differs by several per cent with no connector at all).
+    Returns the switch: set [0] to False for off."""
+    on = [True]
+    cls = hooks.KvtierConnector
+    meta_cls = hooks.KvtierConnectorMetadata
+    patched = {"get_num_new_matched_tokens": lambda self, *a, **k: (0, False),
+               "update_state_after_alloc": lambda self, *a, **k: None,
+               "build_connector_meta": lambda self, *a, **k: meta_cls(),
+               "request_finished": lambda self, *a, **k: (False, None)}
+    for name, off in patched.items():
+        real = getattr(cls, name)
+
+        def switch(self, *a, _real=real, _off=off, **k):
+            return _real(self, *a, **k) if on[0] else _off(self, *a, **k)
+
+        setattr(cls, name, switch)
+    return on
