@@ -29,6 +29,9 @@ struct HostTierParams {
   // once; false, or an older kernel: before open returns.
   bool prefault_background = true;
   bool huge_pages = true;  // MADV_HUGEPAGE on the arena
+  // Without prefault: bytes past the slots handed out so far kept faulted in ahead of the
+  // stores, on an idle thread (doc/config.md); 0: none.
+  uint64_t warm_ahead = 0;
   // cudaHostRegister with CUDA; unset: true for host, false for emulated_device.
   std::optional<bool> pin;
   bool operator==(const HostTierParams&) const = default;

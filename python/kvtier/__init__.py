@@ -118,7 +118,7 @@ def _param_strings(params: dict) -> dict[str, str]:
 def host_tier(capacity, *, threads: int = 1, eviction: str = "lru", name: str = "",
               **params) -> TierSpec:
     """A host DRAM tier of `capacity` bytes (an int or "8GiB"); params as in doc/config.md
-    (prefault, prefault_background, huge_pages, pin)."""
+    (prefault, prefault_background, huge_pages, pin, warm_ahead)."""
     return TierSpec("host", parse_bytes(capacity), name=name, threads=threads, eviction=eviction,
                     params=_param_strings(params))
 

@@ -1,5 +1,7 @@
 """kvtier.backends: the factory engine integrations get their KvCache from."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -68,11 +70,21 @@ def test_bad_configs_name_the_key():
 
 
 def test_host_params_reach_the_host_tier_and_it_is_not_prefaulted_by_default():
-    # The store thread faults in the pages it fills; a prefault would compete with the engine.
-    assert backends._tiers({"host_capacity": "4MiB"})[0].params == {"prefault": "false"}
+    # A prefault would compete with the engine; an idle thread warms ahead of the stores.
+    assert backends._tiers({"host_capacity": "4MiB"})[0].params == {
+        "prefault": "false", "warm_ahead": "256MiB"}
     spec = backends._tiers({"host_capacity": "4MiB", "host_prefault": True,
-                            "host_huge_pages": False})[0]
-    assert spec.params == {"prefault": "true", "huge_pages": "false"}
+                            "host_huge_pages": False, "host_warm_ahead": "0"})[0]
+    assert spec.params == {"prefault": "true", "huge_pages": "false", "warm_ahead": "0"}
+    # The default warms (here the whole 4 MiB arena) and counts it.
+    c = backends.open_cache({"host_capacity": "4MiB"}, LAYOUT)
+    deadline = time.monotonic() + 10
+    warmed = 0
+    while warmed < 4 << 20 and time.monotonic() < deadline:
+        counters = c.stats()["tiers"][0]["counters"]
+        warmed = counters.get("warmed_bytes", 0)
+        time.sleep(0.005)
+    assert warmed == 4 << 20, c.stats()["tiers"][0]
     c = backends.open_cache({"host_capacity": "4MiB", "host_prefault": True}, LAYOUT)
     assert c.stats()["tiers"][0]["capacity_bytes"] == 4 << 20
     with pytest.raises(kvtier.InvalidArgument, match="params.colour: unknown host tier param"):

@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "client/arena.h"
+#include "common/arena.h"
 #include "common/clock.h"
 #include "common/copy.h"
 #include "common/mutex.h"

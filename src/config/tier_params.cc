@@ -33,7 +33,7 @@ struct Members;
 template <>
 struct Members<HostTierParams> {
   using T = HostTierParams;
-  using Type = std::variant<bool T::*, std::optional<bool> T::*>;
+  using Type = std::variant<bool T::*, std::optional<bool> T::*, uint64_t T::*>;
 };
 template <>
 struct Members<DiskTierParams> {
@@ -136,6 +136,7 @@ const std::vector<Field<HostTierParams>>& HostTable() {
       {"huge_pages", &HostTierParams::huge_pages},
       {"pin", &HostTierParams::pin},
       {"prefault_background", &HostTierParams::prefault_background},
+      {"warm_ahead", &HostTierParams::warm_ahead},
   };
   return t;
 }

@@ -40,6 +40,7 @@ Result<std::unique_ptr<Tier>> MakeTier(const TierSpec& spec, const KvLayout& lay
     o.prefault = p.prefault;
     o.prefault_background = p.prefault_background;
     o.huge_pages = p.huge_pages;
+    o.warm_ahead = p.warm_ahead;
     o.pin = p.pin.value_or(spec.kind == "host");
     KVTIER_ASSIGN_OR_RETURN(auto tier, HostTier::Open(layout, o));
     return std::unique_ptr<Tier>(std::move(tier));

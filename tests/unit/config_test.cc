@@ -247,7 +247,9 @@ TEST(ConfigTest, HostTierParamErrorsNameFileLineAndKey) {
               "bad.yaml:7: tiers[0].params.prefault: 'maybe' is not true or false");
   ExpectError(head + "    params:\n      pinned: false\n",
               "bad.yaml:6: tiers[0].params.pinned: unknown host tier param (known: prefault, "
-              "huge_pages, pin, prefault_background)");
+              "huge_pages, pin, prefault_background, warm_ahead)");
+  ExpectError(head + "    params:\n      warm_ahead: lots\n",
+              "bad.yaml:6: tiers[0].params.warm_ahead: 'lots' is not a byte size");
   ExpectError(head + "    threads: 99\n", "bad.yaml:5: tiers[0].threads: must be in 1..64");
   ExpectError(
       "layout: {preset: llama-3.1-8b}\ntiers:\n  - kind: emulated_device\n    capacity: 1GiB\n"

@@ -257,6 +257,65 @@ bool MemfdHolds(int fd, size_t size, const std::vector<std::byte>& bytes) {
   return found;
 }
 
+// warm_ahead: the bytes past the slots handed out so far are faulted in ahead of the stores,
+// topped up as slots are handed out, never past the arena.
+TEST(HostTierTest, WarmAheadFaultsInPastTheSlotsHandedOut) {
+  const KvLayout l = testing::Layout16KiB();
+  const uint64_t bb = l.bytes_per_block();
+  HostTierOptions o;
+  o.capacity_bytes = 24 * bb;
+  o.prefault = false;
+  o.huge_pages = false;  // page by page, so residency tells what was faulted in
+  o.warm_ahead = 8 * bb;
+  auto t = HostTier::Open(l, o);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  HostTier& tier = **t;
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto resident = [&](uint64_t from_block, uint64_t to_block) {  // pages in, of those blocks
+    const size_t pages = (to_block - from_block) * bb / page;
+    std::vector<unsigned char> in(pages);
+    EXPECT_EQ(mincore(tier.SlotPtr(0) + from_block * bb, pages * page, in.data()), 0);
+    size_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    return n;
+  };
+  auto warmed = [&](uint64_t want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (tier.warmed_bytes() < want && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return tier.warmed_bytes();
+  };
+  ASSERT_EQ(warmed(8 * bb), 8 * bb) << "the first warm_ahead bytes at open";
+  EXPECT_EQ(resident(0, 8), 8 * bb / page);
+  EXPECT_EQ(resident(8, 24), 0u) << "nothing past warm_ahead";
+  // Six slots handed out: the fifth's end plus half of warm_ahead passed the 8 warmed, so they
+  // were topped up by warm_ahead, to 16.
+  std::vector<std::vector<std::byte>> data;
+  std::vector<ConstBlock> blocks;
+  std::vector<BlockKey> keys;
+  for (uint64_t i = 0; i < 24; ++i) {
+    data.push_back(MakeBlock(bb, 500 + i));
+    keys.push_back(BlockKey{i + 1, i * 3 + 1});
+  }
+  for (auto& d : data) blocks.emplace_back(d);
+  std::vector<Status> res(24);
+  ASSERT_TRUE(tier.Put(std::span<const BlockKey>(keys).first(6),
+                       std::span<const ConstBlock>(blocks).first(6), std::span(res).first(6))
+                  .ok());
+  EXPECT_EQ(warmed(16 * bb), 16 * bb);
+  EXPECT_EQ(resident(0, 16), 16 * bb / page);
+  EXPECT_EQ(resident(16, 24), 0u);
+  // The rest: warming stops at the arena's end.
+  ASSERT_TRUE(tier.Put(std::span<const BlockKey>(keys).subspan(6),
+                       std::span<const ConstBlock>(blocks).subspan(6), std::span(res).subspan(6))
+                  .ok());
+  EXPECT_EQ(warmed(24 * bb), 24 * bb);
+  EXPECT_LE(tier.warmed_bytes(), 24 * bb);
+  bool counted = false;
+  for (const auto& c : tier.stats().counters) counted |= c.name == "warmed_bytes" && c.value > 0;
+  EXPECT_TRUE(counted) << "the tier's stats count the warmed bytes";
+}
+
 // A shared (partitioned) arena of `blocks` SmallLayout() blocks with room for 2 tenants.
 std::unique_ptr<HostTier> OpenShared(uint64_t blocks, bool prefault = true) {
   HostTierOptions o;

@@ -132,6 +132,17 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const KvLayout& layout, HostTie
   }
   // Pinning faulted every page in already.
   if (options.prefault && !tier->pinned_) tier->Prefault(options.prefault_background);
+  if (!options.prefault && !options.shared && !tier->pinned_ && options.warm_ahead > 0) {
+    // Not the warmer's to unmap: the tier does, after stopping it.
+    tier->warm_arena_ =
+        std::shared_ptr<Arena>(new Arena{tier->arena_, tier->arena_bytes_}, [](Arena* a) {
+          a->base = nullptr;
+          delete a;
+        });
+    tier->warmer_ = std::make_unique<ArenaWarmer>();
+    WriterLock lock(&tier->mu_);
+    tier->WarmPast(0);
+  }
   return tier;
 }
 
@@ -162,6 +173,7 @@ HostTier::HostTier(const KvLayout& layout, const HostTierOptions& options, std::
 }
 
 HostTier::~HostTier() {
+  warmer_.reset();
   prefault_stop_.store(true, std::memory_order_relaxed);
   if (prefault_thread_.joinable()) prefault_thread_.join();
 #ifdef KVTIER_HAVE_CUDA
@@ -250,7 +262,26 @@ uint32_t HostTier::TakeSlot(int p) {
   }
   --free_count_;
   ++held_[p];
+  if (warmer_) WarmPast(SlotOffset(slot) + stride_);
   return slot;
+}
+
+void HostTier::CountersImpl(std::vector<TierStats::Counter>* out) const {
+  if (warmer_)
+    out->push_back({"warmed_bytes", "Bytes faulted in ahead of the stores (warm_ahead)",
+                    warmer_->warmed_bytes()});
+}
+
+void HostTier::WarmPast(uint64_t end) {
+  // Slots are first handed out lowest first: past the end of the highest one handed out,
+  // nothing was touched. Topped up to warm_ahead once half of it is used, one range a time;
+  // what stores outran is theirs to fault.
+  const uint64_t ahead = options_.warm_ahead;
+  if (end + ahead / 2 <= warm_queued_ || warm_queued_ >= arena_bytes_) return;
+  const uint64_t from = std::max(end, warm_queued_);
+  const uint64_t to = std::min<uint64_t>(arena_bytes_, from + ahead);
+  if (to > from) warmer_->Add(warm_arena_, std::span<const uint64_t>(&from, 1), to - from);
+  warm_queued_ = to;
 }
 
 void HostTier::GiveSlot(uint32_t slot, int p) {

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/arena.h"
 #include "common/copy.h"
 #include "common/flat_id_map.h"
 #include "common/mutex.h"
@@ -49,10 +50,13 @@ struct HostTierOptions {
   int threads = 1;                  // copy threads, 1..64
   bool prefault = true;
   bool prefault_background = true;  // on a thread of its own where the kernel can (see .cc)
-  bool huge_pages = true;           // MADV_HUGEPAGE on the arena
-  bool pin = true;                  // cudaHostRegister when built with CUDA
-  bool shared = false;              // arena on memfds that other processes map (see above)
-  int max_partitions = 64;          // shared only: partitions besides partition 0, 1..4096
+  // Without prefault, not shared: bytes past the highest slot handed out so far kept faulted
+  // in on an idle thread (ArenaWarmer), so a store rarely pays a first touch; 0: none.
+  uint64_t warm_ahead = 0;
+  bool huge_pages = true;   // MADV_HUGEPAGE on the arena
+  bool pin = true;          // cudaHostRegister when built with CUDA
+  bool shared = false;      // arena on memfds that other processes map (see above)
+  int max_partitions = 64;  // shared only: partitions besides partition 0, 1..4096
   Status Validate(const KvLayout& layout) const;
 };
 
@@ -62,6 +66,8 @@ class HostTier final : public Tier {
   ~HostTier() override;
 
   uint64_t slots() const { return num_slots_; }
+  // Bytes warm_ahead faulted in so far.
+  uint64_t warmed_bytes() const { return warmer_ ? warmer_->warmed_bytes() : 0; }
   bool pinned() const { return pinned_; }
   // Seconds the prefault took; 0 until it is done (a background one) or when there was none.
   double prefault_seconds() const {
@@ -130,6 +136,7 @@ class HostTier final : public Tier {
   std::byte* SlotPtr(uint32_t slot) const;
 
  protected:
+  void CountersImpl(std::vector<TierStats::Counter>* out) const override;
   void PutImpl(std::span<const BlockKey> keys, std::span<const ConstBlock> blocks,
                std::span<Status> results) override;
   void GetSliceImpl(std::span<const BlockKey> keys, uint64_t offset,
@@ -184,6 +191,12 @@ class HostTier final : public Tier {
   std::vector<uint16_t> owner_;       // slot -> partition (shared only); changed only while free
   std::atomic<bool> bounded_{false};  // some partition has bounds
   bool pinned_ = false;
+  // warm_ahead: the arena as the warmer sees it (not unmapped by it), and how far it was asked
+  // to warm. Stopped before the arena is unmapped.
+  void WarmPast(uint64_t end) KVTIER_REQUIRES(mu_);
+  std::unique_ptr<ArenaWarmer> warmer_;
+  std::shared_ptr<Arena> warm_arena_;
+  uint64_t warm_queued_ KVTIER_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> prefault_ns_{0};
   std::atomic<bool> prefault_stop_{false};
   std::thread prefault_thread_;  // joined before the arena is unmapped

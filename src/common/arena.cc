@@ -1,4 +1,4 @@
-#include "client/arena.h"
+#include "common/arena.h"
 
 #include <pthread.h>
 #include <sched.h>

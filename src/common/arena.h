@@ -1,13 +1,15 @@
-// The daemon's arena as a client process maps it, and ArenaWarmer.
+// A memory arena shared by mappings (Arena), the daemon's arena as a client process maps it
+// (MapArena), and ArenaWarmer.
 //
 // One mapping per memfd per process (MapArena): the clients of one tenant in a process (an
 // engine's own and its store lane) share it, so pages one of them faulted in serve the other;
 // it is unmapped when the last user lets go, so a copy in flight survives a reconnect.
 //
-// ArenaWarmer: faults in, off the engine's path, the pages of the daemon's arena that this
-// client is told it writes next (serve.warm_ahead). A store's first write to a fresh page
-// faults once per 4 KiB page: on a 2-core VM a fresh 12 MiB store took 17-21 ms against 1.4 ms
-// warm, and a store through the daemon is on a lookup's path when the next turn needs it.
+// ArenaWarmer: faults in, off the engine's path, the pages an arena's writer is about to write:
+// the daemon's slots a client is told it writes next (serve.warm_ahead), or the slots an
+// in-process host tier hands out next (its warm_ahead param). A store's first write to a fresh
+// page faults once per 4 KiB page: on a 2-core VM a fresh 12 MiB store took 17-21 ms against
+// 1.4 ms warm, and a store is on a lookup's path when the next turn needs it.
 //
 // One thread, started at the first Add, at SCHED_IDLE: it uses CPU time nobody else wants,
 // one 256 KiB MADV_POPULATE_WRITE call at a time (the call faults pages in writable without
@@ -15,8 +17,8 @@
 // 5.14) ends the warming for good; nothing is touched by hand.
 //
 // Thread-safety: every method may be called from any thread.
-#ifndef KVTIER_CLIENT_ARENA_H_
-#define KVTIER_CLIENT_ARENA_H_
+#ifndef KVTIER_COMMON_ARENA_H_
+#define KVTIER_COMMON_ARENA_H_
 
 #include <atomic>
 #include <cstddef>
@@ -76,4 +78,4 @@ class ArenaWarmer {
 
 }  // namespace kvtier
 
-#endif  // KVTIER_CLIENT_ARENA_H_
+#endif  // KVTIER_COMMON_ARENA_H_
