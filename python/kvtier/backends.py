@@ -62,11 +62,10 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
     host = config.get("host_capacity", "1GiB")
     if host and kvtier.parse_bytes(host) > 0:
         # host_<param>: the host tier's params (doc/config.md). Not prefaulted by default: a
-        # prefault at start competes with the engine's first steps. Instead an idle thread
-        # faults in 256 MiB ahead of the slots the stores fill (warm_ahead), so that a store,
-        # which a lookup may wait for, rarely pays a first touch.
-        params = {"prefault": "false", "warm_ahead": "256MiB",
-                  **_tier_params(config, "host", ("capacity", "threads"))}
+        # prefault at start competes with the engine's first steps; the store thread faults in
+        # the pages it fills. (warm_ahead, faulting ahead of the stores on an idle thread, made
+        # the stores 6-10x faster but resumed turns slower in the comparison: doc/vllm.md.)
+        params = {"prefault": "false", **_tier_params(config, "host", ("capacity", "threads"))}
         tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1)),
                                       **params))
     if config.get("disk_path"):

@@ -70,14 +70,13 @@ def test_bad_configs_name_the_key():
 
 
 def test_host_params_reach_the_host_tier_and_it_is_not_prefaulted_by_default():
-    # A prefault would compete with the engine; an idle thread warms ahead of the stores.
-    assert backends._tiers({"host_capacity": "4MiB"})[0].params == {
-        "prefault": "false", "warm_ahead": "256MiB"}
+    # The store thread faults in the pages it fills; a prefault would compete with the engine.
+    assert backends._tiers({"host_capacity": "4MiB"})[0].params == {"prefault": "false"}
     spec = backends._tiers({"host_capacity": "4MiB", "host_prefault": True,
                             "host_huge_pages": False, "host_warm_ahead": "0"})[0]
     assert spec.params == {"prefault": "true", "huge_pages": "false", "warm_ahead": "0"}
-    # The default warms (here the whole 4 MiB arena) and counts it.
-    c = backends.open_cache({"host_capacity": "4MiB"}, LAYOUT)
+    # Asked for, warm_ahead faults in ahead of the stores (here the whole 4 MiB arena).
+    c = backends.open_cache({"host_capacity": "4MiB", "host_warm_ahead": "8MiB"}, LAYOUT)
     deadline = time.monotonic() + 10
     warmed = 0
     while warmed < 4 << 20 and time.monotonic() < deadline:
