@@ -64,7 +64,7 @@ def _tiers(config: dict[str, Any]) -> list[kvtier.TierSpec]:
         # host_<param>: the host tier's params (doc/config.md). Not prefaulted by default: a
         # prefault at start competes with the engine's first steps; the store thread faults in
         # the pages it fills. (warm_ahead, faulting ahead of the stores on an idle thread, made
-        # the stores 6-10x faster but resumed turns slower in the comparison: doc/vllm.md.)
+        # the stores 6-10x faster but resumed turns slower in a comparison run: doc/vllm.md.)
         params = {"prefault": "false", **_tier_params(config, "host", ("capacity", "threads"))}
         tiers.append(kvtier.host_tier(host, threads=int(config.get("host_threads", 1)),
                                       **params))
